@@ -42,7 +42,8 @@ pub enum VerifyError {
     /// No trust bundle is configured for the peer's trust domain.
     #[error("no trust bundle for the peer's trust domain {0}")]
     UnknownTrustDomain(TrustDomain),
-    /// The chain does not lead to a root of the peer's trust domain.
+    /// The chain does not lead to a root of the peer's trust domain: no issuer of the chain is
+    /// among its roots, or one has a root's name but not its key.
     #[error("peer chain does not lead to a root of trust domain {0}")]
     UnknownIssuer(TrustDomain),
     /// Path building failed for another reason (bad signature, CA constraints, key usage of an
@@ -203,7 +204,11 @@ impl SpiffeVerifier {
             None,
         )
         .map_err(|e| match e {
-            webpki::Error::UnknownIssuer => VerifyError::UnknownIssuer(info.id.trust_domain()),
+            // A CA that only copies a root's name fails on the signature, not the name: to the
+            // caller both mean the chain is not from this trust domain's authority.
+            webpki::Error::UnknownIssuer | webpki::Error::InvalidSignatureForPublicKey => {
+                VerifyError::UnknownIssuer(info.id.trust_domain())
+            }
             other => VerifyError::InvalidChain(other.to_string()),
         })?;
 
