@@ -19,7 +19,7 @@
 //! # Example
 //!
 //! Issue two SVIDs from a test CA and build a client and a server configuration that accept
-//! each other (the `test-util` feature provides [`test_util::TestCa`]):
+//! each other (the `test-util` feature provides `test_util::TestCa`):
 //!
 //! ```
 //! use meshkit_identity::{Authorize, SpiffeId, SpiffeVerifier, TlsSettings, TrustDomain};
@@ -45,7 +45,7 @@
 //!
 //! # Feature flags
 //!
-//! - `test-util`: [`test_util::TestCa`], an in-process CA for tests and demos.
+//! - `test-util`: `test_util::TestCa`, an in-process CA for tests and demos.
 //! - `istio-ca`: a client (and a server adapter) for Istio's CA protocol,
 //!   `istio.v1.auth.IstioCertificateService/CreateCertificate`, over tonic.
 //! - `serde`: `Serialize` / `Deserialize` for [`SpiffeId`] and [`TrustDomain`] as strings.

@@ -513,7 +513,7 @@ mod tests {
             err("spiffe://example.org/a/b%20"),
             BadPathChar {
                 found: '%',
-                index: 5
+                index: 4
             }
         );
         assert_eq!(err("spiffe://example.org/a//b"), EmptySegment);

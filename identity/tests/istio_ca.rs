@@ -1,0 +1,145 @@
+//! The Istio CA protocol end to end over a loopback gRPC server: token checked, CSR checked,
+//! chain returned, SVIDs obtained and renewed through the cache.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshkit_identity::istio::{
+    CertificateSigner, IstioCaClient, IstioCaServer, IstioCertificateRequest,
+    IstioCertificateResponse, requested_validity,
+};
+use meshkit_identity::test_util::TestCa;
+use meshkit_identity::{
+    BoxFuture, CaError, RotationConfig, SpiffeId, SvidCache, TrustDomain, certs_to_pem,
+    parse_leaf, request_svid,
+};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::Status;
+
+/// Signs CSRs for the identity bound to each token: the demo's trust model.
+struct TokenSigner {
+    ca: Arc<TestCa>,
+    token: &'static str,
+    allowed: SpiffeId,
+}
+
+impl CertificateSigner for TokenSigner {
+    fn create_certificate(
+        &self,
+        request: tonic::Request<IstioCertificateRequest>,
+    ) -> BoxFuture<'_, Result<IstioCertificateResponse, Status>> {
+        let result = (|| {
+            let auth = request
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .ok_or_else(|| Status::unauthenticated("no bearer token"))?;
+            if auth != format!("Bearer {}", self.token) {
+                return Err(Status::unauthenticated("unknown token"));
+            }
+            let body = request.get_ref();
+            let validity = requested_validity(body, Duration::from_secs(3600));
+            let chain = self
+                .ca
+                .sign_csr(&body.csr, &self.allowed, validity)
+                .map_err(|e| Status::permission_denied(e.to_string()))?;
+            let mut pems = vec![certs_to_pem(&chain)];
+            pems.push(self.ca.root_pem());
+            Ok(IstioCertificateResponse { cert_chain: pems })
+        })();
+        Box::pin(std::future::ready(result))
+    }
+}
+
+async fn start(signer: TokenSigner) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(IstioCaServer::new(signer))
+            .serve_with_incoming(TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    (format!("http://{addr}"), server)
+}
+
+fn web() -> SpiffeId {
+    "spiffe://a.test/ns/shop/sa/web".parse().unwrap()
+}
+
+#[tokio::test]
+async fn svid_from_an_istio_protocol_ca() {
+    let ca = Arc::new(TestCa::new(TrustDomain::new("a.test").unwrap()));
+    let (url, server) = start(TokenSigner {
+        ca: ca.clone(),
+        token: "s3cret",
+        allowed: web(),
+    })
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+
+    let client = IstioCaClient::new(channel.clone())
+        .with_bearer_token("s3cret")
+        .unwrap()
+        .with_cluster_id("Kubernetes")
+        .unwrap();
+    let svid = request_svid(&client, &web(), Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert_eq!(svid.spiffe_id(), &web());
+    // Leaf first, root last, as the protocol returns them.
+    assert_eq!(svid.chain().len(), 2);
+    assert_eq!(&svid.chain()[1], ca.root());
+    let lifetime = svid.not_after().duration_since(svid.not_before()).unwrap();
+    assert_eq!(lifetime, Duration::from_secs(660)); // 600 s asked + 60 s backdated
+
+    // Wrong token: refused, not retried as an outage.
+    let bad = IstioCaClient::new(channel.clone())
+        .with_bearer_token("guess")
+        .unwrap();
+    let err = request_svid(&bad, &web(), Duration::from_secs(600))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CaError::Rejected(ref m) if m.contains("Unauthenticated")), "{err:?}");
+
+    // Right token, identity it may not hold: refused.
+    let other: SpiffeId = "spiffe://a.test/ns/shop/sa/db".parse().unwrap();
+    let err = request_svid(&client, &other, Duration::from_secs(600))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CaError::Rejected(ref m) if m.contains("PermissionDenied")), "{err:?}");
+
+    // The rotating cache works over the same protocol.
+    let cache = SvidCache::new(client, RotationConfig::default());
+    let rx = cache.get(&web()).await.unwrap();
+    assert_eq!(
+        parse_leaf(rx.borrow().leaf()).unwrap().id,
+        web()
+    );
+    server.abort();
+}
+
+#[tokio::test]
+async fn unreachable_ca_is_unavailable() {
+    // Bind then drop to get a loopback port nobody listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect_lazy();
+    let client = IstioCaClient::new(channel);
+    let err = request_svid(&client, &web(), Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CaError::Unavailable(_)), "{err:?}");
+}
