@@ -240,7 +240,9 @@ impl TrustBundleSet {
     /// # Errors
     ///
     /// [`BundleError::DuplicateTrustDomain`] when two bundles share a trust domain.
-    pub fn from_bundles(bundles: impl IntoIterator<Item = TrustBundle>) -> Result<Self, BundleError> {
+    pub fn from_bundles(
+        bundles: impl IntoIterator<Item = TrustBundle>,
+    ) -> Result<Self, BundleError> {
         let mut set = Self::new();
         for bundle in bundles {
             set.insert(bundle)?;

@@ -81,9 +81,7 @@ pub fn generate_csr(id: &SpiffeId) -> Result<(String, PrivateKeyDer<'static>), C
     let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(csr_err)?;
     let mut params = CertificateParams::default();
     params.distinguished_name = DistinguishedName::new();
-    params.subject_alt_names = vec![SanType::URI(
-        id.as_str().try_into().map_err(csr_err)?,
-    )];
+    params.subject_alt_names = vec![SanType::URI(id.as_str().try_into().map_err(csr_err)?)];
     let csr = params.serialize_request(&key).map_err(csr_err)?;
     let pem = csr.pem().map_err(csr_err)?;
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));

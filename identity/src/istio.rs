@@ -93,7 +93,10 @@ impl IstioCaClient {
         Ok(self)
     }
 
-    async fn create(&self, request: &CertificateRequest) -> Result<Vec<CertificateDer<'static>>, CaError> {
+    async fn create(
+        &self,
+        request: &CertificateRequest,
+    ) -> Result<Vec<CertificateDer<'static>>, CaError> {
         let mut grpc = tonic::client::Grpc::new(self.channel.clone());
         grpc.ready()
             .await

@@ -133,7 +133,10 @@ impl SvidCache {
     ///
     /// The [`CaError`] of the first request; the next call tries again.
     pub async fn get(&self, id: &SpiffeId) -> Result<watch::Receiver<Arc<X509Svid>>, CaError> {
-        let slot = lock(&self.inner.slots).entry(id.clone()).or_default().clone();
+        let slot = lock(&self.inner.slots)
+            .entry(id.clone())
+            .or_default()
+            .clone();
         let rx = slot
             .get_or_try_init(|| async {
                 let svid = request_svid(&*self.inner.ca, id, self.inner.config.validity).await?;

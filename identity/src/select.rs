@@ -14,6 +14,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use crate::verify::{VerifyError, verify_error};
+
 /// A boxed future, as returned by [`CertSelector::select`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -46,8 +48,10 @@ pub enum AcceptError {
         /// The SNI the client sent.
         server_name: Option<String>,
     },
-    /// The handshake failed after the configuration was chosen (for example, the client's
-    /// certificate was refused).
+    /// The client's certificate was refused by a meshkit verifier.
+    #[error("client certificate refused: {0}")]
+    PeerRejected(#[source] VerifyError),
+    /// The handshake failed after the configuration was chosen, for another reason.
     #[error("TLS handshake failed: {0}")]
     Handshake(#[source] io::Error),
 }
@@ -100,10 +104,17 @@ where
             server_name: info.server_name,
         });
     };
-    let stream = start
-        .into_stream(config)
-        .await
-        .map_err(AcceptError::Handshake)?;
+    let stream = start.into_stream(config).await.map_err(|e| {
+        let refused = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .and_then(verify_error)
+            .cloned();
+        match refused {
+            Some(reason) => AcceptError::PeerRejected(reason),
+            None => AcceptError::Handshake(e),
+        }
+    })?;
     Ok((stream, info))
 }
 

@@ -32,7 +32,9 @@ pub enum SpiffeIdError {
     MissingTrustDomain,
     /// The trust domain holds a character other than `a-z`, `0-9`, `.`, `-` or `_` (this covers
     /// uppercase letters, ports, userinfo and percent-encoding).
-    #[error("trust domain contains {found:?} at byte {index}; only a-z, 0-9, '.', '-' and '_' are allowed")]
+    #[error(
+        "trust domain contains {found:?} at byte {index}; only a-z, 0-9, '.', '-' and '_' are allowed"
+    )]
     BadTrustDomainChar {
         /// The offending character.
         found: char,
@@ -47,7 +49,9 @@ pub enum SpiffeIdError {
     },
     /// A path segment holds a character other than `a-z`, `A-Z`, `0-9`, `.`, `-` or `_` (this
     /// covers query strings, fragments and percent-encoding).
-    #[error("path contains {found:?} at byte {index}; only letters, digits, '.', '-' and '_' are allowed")]
+    #[error(
+        "path contains {found:?} at byte {index}; only letters, digits, '.', '-' and '_' are allowed"
+    )]
     BadPathChar {
         /// The offending character.
         found: char,
@@ -413,7 +417,10 @@ mod tests {
     fn parts() {
         let id: SpiffeId = "spiffe://cluster.local/ns/shop/sa/web".parse().unwrap();
         assert_eq!(id.trust_domain_str(), "cluster.local");
-        assert_eq!(id.trust_domain(), TrustDomain::new("cluster.local").unwrap());
+        assert_eq!(
+            id.trust_domain(),
+            TrustDomain::new("cluster.local").unwrap()
+        );
         assert_eq!(id.path(), "/ns/shop/sa/web");
         assert!(id.has_path());
         assert_eq!(id.namespace(), Some("shop"));
@@ -425,7 +432,9 @@ mod tests {
         assert_eq!(td.namespace(), None);
         assert_eq!(td, td.trust_domain().id());
 
-        let other: SpiffeId = "spiffe://cluster.local/ns/shop/sa/web/extra".parse().unwrap();
+        let other: SpiffeId = "spiffe://cluster.local/ns/shop/sa/web/extra"
+            .parse()
+            .unwrap();
         assert_eq!(other.namespace(), None);
         let other: SpiffeId = "spiffe://cluster.local/ns/shop/xx/web".parse().unwrap();
         assert_eq!(other.service_account(), None);
@@ -540,11 +549,17 @@ mod tests {
 
     #[test]
     fn trust_domain_parsing() {
-        assert_eq!(TrustDomain::new("").unwrap_err(), SpiffeIdError::MissingTrustDomain);
+        assert_eq!(
+            TrustDomain::new("").unwrap_err(),
+            SpiffeIdError::MissingTrustDomain
+        );
         assert!(matches!(
             TrustDomain::new("spiffe://example.org").unwrap_err(),
             SpiffeIdError::BadTrustDomainChar { found: ':', .. }
         ));
-        assert_eq!(TrustDomain::new("example.org").unwrap().to_string(), "example.org");
+        assert_eq!(
+            TrustDomain::new("example.org").unwrap().to_string(),
+            "example.org"
+        );
     }
 }

@@ -121,7 +121,9 @@ impl TestCa {
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params.subject_alt_names = vec![SanType::URI(
-            id.as_str().try_into().expect("a SPIFFE ID is a valid IA5 string"),
+            id.as_str()
+                .try_into()
+                .expect("a SPIFFE ID is a valid IA5 string"),
         )];
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![
@@ -148,7 +150,9 @@ impl TestCa {
         params: &CertificateParams,
     ) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
         let key = new_key();
-        let cert = params.signed_by(&key, &self.issuer).expect("rcgen signs leaf");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("rcgen signs leaf");
         (self.chain_with(cert.der().clone()), key_der(&key))
     }
 

@@ -9,7 +9,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, SignatureScheme};
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, SignatureScheme,
+};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use webpki::{EndEntityCert, KeyUsage};
 
@@ -118,7 +120,10 @@ pub struct SpiffeVerifier {
 impl SpiffeVerifier {
     /// A verifier over `bundles` that admits the peers `authorizer` allows, with the default
     /// crypto provider.
-    pub fn new(bundles: impl Into<Arc<TrustBundleSet>>, authorizer: impl Authorizer + 'static) -> Self {
+    pub fn new(
+        bundles: impl Into<Arc<TrustBundleSet>>,
+        authorizer: impl Authorizer + 'static,
+    ) -> Self {
         Self {
             bundles: bundles.into(),
             authorizer: Arc::new(authorizer),
@@ -188,8 +193,8 @@ impl SpiffeVerifier {
             .bundles
             .get(info.id.trust_domain_str())
             .ok_or_else(|| VerifyError::UnknownTrustDomain(info.id.trust_domain()))?;
-        let cert = EndEntityCert::try_from(leaf)
-            .map_err(|e| VerifyError::InvalidChain(e.to_string()))?;
+        let cert =
+            EndEntityCert::try_from(leaf).map_err(|e| VerifyError::InvalidChain(e.to_string()))?;
         let usage = match role {
             PeerRole::Server => KeyUsage::server_auth(),
             PeerRole::Client => KeyUsage::client_auth(),
@@ -225,11 +230,12 @@ impl SpiffeVerifier {
         role: PeerRole,
         now: UnixTime,
     ) -> Result<SpiffeId, rustls::Error> {
-        self.verify_parts(leaf, intermediates, role, now).map_err(|e| {
-            // Kept whole inside `Other` so callers can downcast to the typed error.
-            tracing::debug!(error = %e, ?role, "refused peer certificate");
-            rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(e))))
-        })
+        self.verify_parts(leaf, intermediates, role, now)
+            .map_err(|e| {
+                // Kept whole inside `Other` so callers can downcast to the typed error.
+                tracing::debug!(error = %e, ?role, "refused peer certificate");
+                rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(e))))
+            })
     }
 
     fn verify_tls13(

@@ -10,8 +10,8 @@ use meshkit_identity::istio::{
 };
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
-    BoxFuture, CaError, RotationConfig, SpiffeId, SvidCache, TrustDomain, certs_to_pem,
-    parse_leaf, request_svid,
+    BoxFuture, CaError, RotationConfig, SpiffeId, SvidCache, TrustDomain, certs_to_pem, parse_leaf,
+    request_svid,
 };
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -106,22 +106,25 @@ async fn svid_from_an_istio_protocol_ca() {
     let err = request_svid(&bad, &web(), Duration::from_secs(600))
         .await
         .unwrap_err();
-    assert!(matches!(err, CaError::Rejected(ref m) if m.contains("Unauthenticated")), "{err:?}");
+    assert!(
+        matches!(err, CaError::Rejected(ref m) if m.contains("Unauthenticated")),
+        "{err:?}"
+    );
 
     // Right token, identity it may not hold: refused.
     let other: SpiffeId = "spiffe://a.test/ns/shop/sa/db".parse().unwrap();
     let err = request_svid(&client, &other, Duration::from_secs(600))
         .await
         .unwrap_err();
-    assert!(matches!(err, CaError::Rejected(ref m) if m.contains("PermissionDenied")), "{err:?}");
+    assert!(
+        matches!(err, CaError::Rejected(ref m) if m.contains("PermissionDenied")),
+        "{err:?}"
+    );
 
     // The rotating cache works over the same protocol.
     let cache = SvidCache::new(client, RotationConfig::default());
     let rx = cache.get(&web()).await.unwrap();
-    assert_eq!(
-        parse_leaf(rx.borrow().leaf()).unwrap().id,
-        web()
-    );
+    assert_eq!(parse_leaf(rx.borrow().leaf()).unwrap().id, web());
     server.abort();
 }
 

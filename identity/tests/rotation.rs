@@ -100,10 +100,23 @@ async fn ca_outage_is_retried_with_capped_backoff_while_the_old_certificate_serv
     // at +1..1.25, +3..3.75, +7..8.75, +15..16.75, then every 8 s: 14 in the next 100 s.
     sleep(Duration::from_secs(100)).await;
     let attempts = ca.requests() - 2;
-    assert!((13..=15).contains(&attempts), "{attempts} attempts in 100 s");
-    assert!(!rx.has_changed().unwrap(), "a failed renewal publishes nothing");
-    assert_eq!(rx.borrow().leaf(), first.leaf(), "the old SVID keeps serving");
-    assert!(first.not_after() > SystemTime::now(), "and it is still valid");
+    assert!(
+        (13..=15).contains(&attempts),
+        "{attempts} attempts in 100 s"
+    );
+    assert!(
+        !rx.has_changed().unwrap(),
+        "a failed renewal publishes nothing"
+    );
+    assert_eq!(
+        rx.borrow().leaf(),
+        first.leaf(),
+        "the old SVID keeps serving"
+    );
+    assert!(
+        first.not_after() > SystemTime::now(),
+        "and it is still valid"
+    );
 
     ca.set_failing(false);
     tokio::time::timeout(Duration::from_secs(9), rx.changed())
@@ -158,7 +171,10 @@ async fn concurrent_requests_for_one_identity_share_one_ca_call() {
     assert!(leaves.windows(2).all(|w| w[0] == w[1]));
 
     // Another identity is its own request.
-    cache.get(&id("spiffe://a.test/ns/shop/sa/db")).await.unwrap();
+    cache
+        .get(&id("spiffe://a.test/ns/shop/sa/db"))
+        .await
+        .unwrap();
     assert_eq!(slow.calls.load(Ordering::SeqCst), 2);
     assert_eq!(cache.identities().len(), 2);
 }

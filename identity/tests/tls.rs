@@ -113,7 +113,9 @@ async fn client_refuses_a_server_with_the_wrong_identity() {
     let err = client.unwrap_err();
     assert_eq!(
         typed(&err),
-        Some(VerifyError::Unauthorized(id("spiffe://a.test/ns/shop/sa/cache")))
+        Some(VerifyError::Unauthorized(id(
+            "spiffe://a.test/ns/shop/sa/cache"
+        )))
     );
 }
 
@@ -128,7 +130,9 @@ async fn server_refuses_an_unauthorized_client() {
     let err = server.unwrap_err();
     assert_eq!(
         typed(&err),
-        Some(VerifyError::Unauthorized(id("spiffe://a.test/ns/other/sa/x")))
+        Some(VerifyError::Unauthorized(id(
+            "spiffe://a.test/ns/other/sa/x"
+        )))
     );
 }
 
@@ -145,7 +149,11 @@ async fn server_refuses_a_client_without_a_certificate() {
         .with_no_client_auth();
     let (_client, server) = handshake(no_cert, pki.server(DB, Authorize::AnyTrusted)).await;
     let err = server.unwrap_err();
-    let rustls_err = err.get_ref().unwrap().downcast_ref::<rustls::Error>().unwrap();
+    let rustls_err = err
+        .get_ref()
+        .unwrap()
+        .downcast_ref::<rustls::Error>()
+        .unwrap();
     assert_eq!(rustls_err, &rustls::Error::NoCertificatesPresented);
 }
 
@@ -160,7 +168,9 @@ async fn client_refuses_a_server_from_another_ca() {
     .await;
     assert_eq!(
         typed(&client.unwrap_err()),
-        Some(VerifyError::UnknownIssuer(TrustDomain::new("a.test").unwrap()))
+        Some(VerifyError::UnknownIssuer(
+            TrustDomain::new("a.test").unwrap()
+        ))
     );
 }
 
@@ -259,8 +269,14 @@ async fn sni_selector_and_single_identity() {
         .with("DB.shop.svc", pki.server(DB, Authorize::AnyTrusted));
     let server = serve(vec![listener], Arc::new(selector), 3).await;
     let client = pki.client("spiffe://a.test/ns/x/sa/y", Authorize::AnyTrusted);
-    assert_eq!(dial(&client, addr, Some("web.shop.svc")).await.unwrap(), id(WEB));
-    assert_eq!(dial(&client, addr, Some("db.SHOP.svc")).await.unwrap(), id(DB));
+    assert_eq!(
+        dial(&client, addr, Some("web.shop.svc")).await.unwrap(),
+        id(WEB)
+    );
+    assert_eq!(
+        dial(&client, addr, Some("db.SHOP.svc")).await.unwrap(),
+        id(DB)
+    );
     // No fallback configured: an unknown name is refused.
     assert!(dial(&client, addr, Some("other.svc")).await.is_err());
     server.await.unwrap();

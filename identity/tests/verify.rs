@@ -163,7 +163,9 @@ fn leaf_with_crl_sign_is_rejected() {
 #[test]
 fn leaf_without_digital_signature_is_rejected() {
     let ca = TestCa::new(td("a.test"));
-    let chain = leaf(&ca, |p| p.key_usages = vec![KeyUsagePurpose::KeyEncipherment]);
+    let chain = leaf(&ca, |p| {
+        p.key_usages = vec![KeyUsagePurpose::KeyEncipherment]
+    });
     assert_eq!(
         verify(&verifier(&ca), &chain),
         Err(VerifyError::Leaf(SvidError::NoDigitalSignature))
@@ -178,7 +180,10 @@ fn leaf_without_digital_signature_is_rejected() {
 #[test]
 fn two_uri_sans_are_rejected() {
     let ca = TestCa::new(td("a.test"));
-    let chain = leaf(&ca, |p| p.subject_alt_names.push(uri("spiffe://a.test/ns/shop/sa/db")));
+    let chain = leaf(&ca, |p| {
+        p.subject_alt_names
+            .push(uri("spiffe://a.test/ns/shop/sa/db"))
+    });
     assert_eq!(
         verify(&verifier(&ca), &chain),
         Err(VerifyError::Leaf(SvidError::MultipleUriSans { count: 2 }))
@@ -200,7 +205,9 @@ fn no_uri_san_is_rejected() {
 #[test]
 fn non_spiffe_uri_is_rejected() {
     let ca = TestCa::new(td("a.test"));
-    let chain = leaf(&ca, |p| p.subject_alt_names = vec![uri("https://a.test/web")]);
+    let chain = leaf(&ca, |p| {
+        p.subject_alt_names = vec![uri("https://a.test/web")]
+    });
     assert_eq!(
         verify(&verifier(&ca), &chain),
         Err(VerifyError::Leaf(SvidError::InvalidSpiffeId {
@@ -224,7 +231,10 @@ fn id_without_path_is_rejected() {
 fn trust_domain_b_leaf_signed_by_a_is_rejected() {
     let ca_a = TestCa::new(td("a.test"));
     let ca_b = TestCa::new(td("b.test"));
-    let chain = chain_for(&ca_a, &TestCa::leaf_params(&id("spiffe://b.test/ns/x/sa/y")));
+    let chain = chain_for(
+        &ca_a,
+        &TestCa::leaf_params(&id("spiffe://b.test/ns/x/sa/y")),
+    );
 
     // B's bundle is configured: A's signature does not lead to B's roots.
     let both = TrustBundleSet::from_bundles([ca_a.bundle(), ca_b.bundle()]).unwrap();
