@@ -1,8 +1,94 @@
-//! HBONE for meshkit: HTTP/2 `CONNECT` tunnels over mutual TLS 1.3 on port 15008.
+//! HBONE for meshkit: HTTP/2 `CONNECT` tunnels over mutual TLS 1.3, as ambient meshes carry
+//! traffic between workloads (port 15008).
 //!
-//! # Status
+//! - [`Client`]: a `tower::Service<Target>` whose response is a [`Tunnel`]
+//!   (`AsyncRead + AsyncWrite`), over pooled, multiplexed connections keyed by
+//!   (local identity, acceptable peer identities, peer address). Transport-generic
+//!   ([`Connect`]), so a tunnel can run inside another tunnel ([`TunnelConnector`]).
+//! - [`Server`]: accepts TCP, picks its certificate per connection with a
+//!   [`meshkit_identity::CertSelector`], requires the client's SPIFFE certificate, serves
+//!   HTTP/2 and hands each CONNECT ([`ConnectRequest`]) to a `tower::Service` that returns a
+//!   [`Decision`]. [`Forward`] is the ready-made service that dials the target and copies.
+//! - [`Tunnel`]: END_STREAM is half-close; NO_ERROR/CANCEL resets read as EOF; flow-control
+//!   credit is released as data is read; [`SendHalf::send`] passes `Bytes` without copying.
+//! - [`copy_bidirectional`]: tunnel ⇄ socket with adaptive buffers and half-close both ways.
+//! - [`proxy_protocol`]: PROXY v2 headers carrying the peer's SPIFFE ID (TLV 0xD0).
 //!
-//! This crate is a placeholder in the workspace. It exposes no API yet: the client, server and
-//! tunnel types described in the project's design are delivered by the HBONE work item, on top
-//! of [`meshkit-identity`](https://docs.rs/meshkit-identity) for SPIFFE certificates and peer
-//! verification. Nothing here pretends to work in the meantime.
+//! Answers of the server: 405 for a method other than CONNECT, 400 for a missing or
+//! malformed `:authority` (HBONE targets are `ip:port`), 403 when a policy refuses, 503 when
+//! the target is unreachable, 504 when connecting to it times out.
+//!
+//! # Example
+//!
+//! A server that forwards tunnels from one client identity, and a client that opens one:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use meshkit_hbone::{Client, ClientConfig, Forward, Server, ServerConfig, Target};
+//! use meshkit_identity::test_util::TestCa;
+//! use meshkit_identity::{Authorize, SingleIdentity, SpiffeVerifier, TlsSettings, TrustDomain};
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let ca = TestCa::new(TrustDomain::new("cluster.local")?);
+//! let (web, db) = ("spiffe://cluster.local/ns/shop/sa/web", "spiffe://cluster.local/ns/shop/sa/db");
+//!
+//! // Server: presents db's certificate, admits web only, forwards to the CONNECT target.
+//! let tls = TlsSettings::default().server_config(
+//!     ca.issue(db.parse()?),
+//!     SpiffeVerifier::new(ca.bundle_set(), Authorize::Exact(web.parse()?)),
+//! )?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:15008").await?;
+//! let server = Server::new(ServerConfig::default(), SingleIdentity::new(tls), Forward::new());
+//! tokio::spawn(server.serve(listener));
+//!
+//! // Client: presents web, accepts only db at the other end.
+//! let client = Client::new(ClientConfig::default(), ca.issue(web.parse()?), ca.bundle_set());
+//! let target = Target::new(
+//!     "127.0.0.1:15008".parse()?,   // the HBONE peer
+//!     "127.0.0.1:8080".parse()?,    // where it forwards to
+//!     web.parse()?,
+//!     db.parse()?,
+//! );
+//! let mut tunnel = client.open(target).await?;
+//! tunnel.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
+//! tunnel.shutdown().await?; // END_STREAM: half-close
+//! let mut response = Vec::new();
+//! tunnel.read_to_end(&mut response).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! - `test-util`: enables `meshkit-identity/test-util` for tests of dependent crates.
+//!
+//! # Stability
+//!
+//! Pre-1.0: the API may change between minor versions.
+
+mod client;
+mod config;
+mod copy;
+mod error;
+mod forward;
+mod keepalive;
+pub mod proxy_protocol;
+mod server;
+mod tunnel;
+
+pub use client::{
+    Client, ClientConfig, Connect, IdentityProvider, Target, TcpConnector, TunnelConnector,
+};
+pub use config::H2Settings;
+pub use copy::{Copied, copy_bidirectional, socket_to_tunnel, tunnel_to_socket};
+pub use error::Error;
+pub use forward::Forward;
+pub use server::{
+    BoxFuture, ConnectRequest, DecideFn, Decision, Handler, Server, ServerConfig, ServerStats,
+    decide_fn,
+};
+pub use tunnel::{RecvHalf, SendHalf, Tunnel};
+
+/// The port HBONE listens on in an ambient mesh.
+pub const HBONE_PORT: u16 = 15008;

@@ -1,0 +1,604 @@
+//! The HBONE client: a `tower::Service<Target>` that opens tunnels over pooled, multiplexed
+//! mutual-TLS HTTP/2 connections.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
+use meshkit_identity::{
+    Authorize, SpiffeId, SpiffeVerifier, SvidCache, SvidSource, TlsSettings, TrustBundleSet,
+    X509Svid,
+};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
+use tower_service::Service;
+
+use crate::config::H2Settings;
+use crate::error::{Error, Kind};
+use crate::keepalive::keepalive;
+use crate::server::BoxFuture;
+use crate::tunnel::Tunnel;
+
+/// Where a tunnel goes and who may be at the other end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The HBONE peer to connect to (usually the destination node's or workload's port 15008).
+    pub peer: SocketAddr,
+    /// The CONNECT `:authority`: the address the peer forwards the tunnel to.
+    pub destination: SocketAddr,
+    /// SPIFFE IDs the peer may present; any other identity fails the request.
+    pub peer_identities: BTreeSet<SpiffeId>,
+    /// The identity this side presents.
+    pub local_identity: SpiffeId,
+    /// Extra request headers (`Forwarded`, `traceparent`, `baggage`, ...).
+    pub headers: HeaderMap,
+}
+
+impl Target {
+    /// A tunnel to `destination` through the HBONE peer at `peer`, which must present
+    /// `peer_identity`, presenting `local_identity`.
+    pub fn new(
+        peer: SocketAddr,
+        destination: SocketAddr,
+        local_identity: SpiffeId,
+        peer_identity: SpiffeId,
+    ) -> Self {
+        Self {
+            peer,
+            destination,
+            peer_identities: BTreeSet::from([peer_identity]),
+            local_identity,
+            headers: HeaderMap::new(),
+        }
+    }
+
+    /// Also accepts `id` as the peer's identity.
+    pub fn or_peer_identity(mut self, id: SpiffeId) -> Self {
+        self.peer_identities.insert(id);
+        self
+    }
+
+    /// Adds a request header.
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.append(name, value);
+        self
+    }
+
+    /// Sets `Forwarded: for="SOURCE"`, naming the original client.
+    pub fn forwarded_for(self, source: SocketAddr) -> Self {
+        let value = HeaderValue::try_from(format!("for=\"{source}\""))
+            .unwrap_or_else(|_| HeaderValue::from_static("for=unknown"));
+        self.with_header(http::header::FORWARDED, value)
+    }
+
+    /// Sets the W3C `traceparent` header.
+    ///
+    /// # Errors
+    ///
+    /// When `value` is not a valid header value.
+    pub fn traceparent(self, value: &str) -> Result<Self, Error> {
+        let value = HeaderValue::try_from(value)
+            .map_err(|e| Error::new(Kind::InvalidTarget(format!("traceparent: {e}"))))?;
+        Ok(self.with_header(HeaderName::from_static("traceparent"), value))
+    }
+
+    /// Sets the W3C `baggage` header.
+    ///
+    /// # Errors
+    ///
+    /// When `value` is not a valid header value.
+    pub fn baggage(self, value: &str) -> Result<Self, Error> {
+        let value = HeaderValue::try_from(value)
+            .map_err(|e| Error::new(Kind::InvalidTarget(format!("baggage: {e}"))))?;
+        Ok(self.with_header(HeaderName::from_static("baggage"), value))
+    }
+
+    fn pool_key(&self) -> PoolKey {
+        PoolKey {
+            local: self.local_identity.clone(),
+            peers: self.peer_identities.clone(),
+            address: self.peer,
+        }
+    }
+}
+
+/// Connections are shared only between tunnels that agree on all three.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    local: SpiffeId,
+    peers: BTreeSet<SpiffeId>,
+    address: SocketAddr,
+}
+
+/// Opens the transport under an HBONE connection: TCP, or a tunnel for HBONE in HBONE.
+pub trait Connect: Clone + Send + Sync + 'static {
+    /// The transport.
+    type Io: AsyncRead + AsyncWrite + Send + Unpin + 'static;
+
+    /// Connects to `addr`.
+    fn connect(&self, addr: SocketAddr) -> BoxFuture<io::Result<Self::Io>>;
+}
+
+/// Plain TCP with `TCP_NODELAY`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpConnector;
+
+impl Connect for TcpConnector {
+    type Io = TcpStream;
+
+    fn connect(&self, addr: SocketAddr) -> BoxFuture<io::Result<TcpStream>> {
+        Box::pin(async move {
+            let sock = TcpStream::connect(addr).await?;
+            sock.set_nodelay(true)?;
+            Ok(sock)
+        })
+    }
+}
+
+/// Opens the transport as a tunnel through another HBONE client: HBONE inside HBONE.
+#[derive(Clone)]
+pub struct TunnelConnector<C: Connect> {
+    outer: Client<C>,
+    target: Arc<dyn Fn(SocketAddr) -> Target + Send + Sync>,
+}
+
+impl<C: Connect> TunnelConnector<C> {
+    /// Connects through `outer`, turning each address into the outer tunnel's target with
+    /// `target`.
+    pub fn new(
+        outer: Client<C>,
+        target: impl Fn(SocketAddr) -> Target + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            outer,
+            target: Arc::new(target),
+        }
+    }
+}
+
+impl<C: Connect> Connect for TunnelConnector<C> {
+    type Io = Tunnel;
+
+    fn connect(&self, addr: SocketAddr) -> BoxFuture<io::Result<Tunnel>> {
+        let outer = self.outer.clone();
+        let target = (self.target)(addr);
+        Box::pin(async move { outer.open(target).await.map_err(io::Error::other) })
+    }
+}
+
+impl<C: Connect> fmt::Debug for TunnelConnector<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TunnelConnector").finish_non_exhaustive()
+    }
+}
+
+/// Where the client gets the certificate of the identity a target asks it to present.
+pub trait IdentityProvider: Send + Sync + 'static {
+    /// The SVID source for `id`.
+    fn svid(&self, id: &SpiffeId) -> BoxFuture<Result<SvidSource, String>>;
+}
+
+impl IdentityProvider for SvidCache {
+    fn svid(&self, id: &SpiffeId) -> BoxFuture<Result<SvidSource, String>> {
+        let cache = self.clone();
+        let id = id.clone();
+        Box::pin(async move {
+            cache
+                .get(&id)
+                .await
+                .map(SvidSource::Rotating)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+impl IdentityProvider for X509Svid {
+    fn svid(&self, id: &SpiffeId) -> BoxFuture<Result<SvidSource, String>> {
+        let result = if self.spiffe_id() == id {
+            Ok(SvidSource::Fixed(self.clone()))
+        } else {
+            Err(format!("this client only holds {}", self.spiffe_id()))
+        };
+        Box::pin(std::future::ready(result))
+    }
+}
+
+/// Client settings, with documented defaults.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientConfig {
+    /// HTTP/2 settings (windows, frame size, keepalive).
+    pub h2: H2Settings,
+    /// Tunnels per connection before another connection is opened. Default: 100.
+    pub max_streams_per_connection: usize,
+    /// A pooled connection without tunnels for this long is closed. Default: 60 s.
+    pub idle_timeout: Duration,
+    /// Time allowed to connect the transport. Default: 10 s.
+    pub connect_timeout: Duration,
+    /// Time allowed for the TLS and HTTP/2 handshakes. Default: 10 s.
+    pub handshake_timeout: Duration,
+    /// Time allowed for the CONNECT response. Default: 15 s.
+    pub response_timeout: Duration,
+    /// TLS provider and ALPN (default: ring, `h2`).
+    pub tls: TlsSettings,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            h2: H2Settings::default(),
+            max_streams_per_connection: 100,
+            idle_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            response_timeout: Duration::from_secs(15),
+            tls: TlsSettings::default(),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Sets the HTTP/2 settings.
+    pub fn with_h2(mut self, h2: H2Settings) -> Self {
+        self.h2 = h2;
+        self
+    }
+
+    /// Sets the tunnels per connection.
+    pub fn with_max_streams_per_connection(mut self, max: usize) -> Self {
+        self.max_streams_per_connection = max.max(1);
+        self
+    }
+
+    /// Sets the idle timeout of pooled connections.
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Sets the connect, handshake and response timeouts.
+    pub fn with_timeouts(
+        mut self,
+        connect: Duration,
+        handshake: Duration,
+        response: Duration,
+    ) -> Self {
+        self.connect_timeout = connect;
+        self.handshake_timeout = handshake;
+        self.response_timeout = response;
+        self
+    }
+}
+
+/// An HBONE client: opens [`Tunnel`]s to [`Target`]s over pooled connections.
+///
+/// - Connections are keyed by (local identity, acceptable peer identities, peer address) and
+///   carry up to [`ClientConfig::max_streams_per_connection`] tunnels each; then another
+///   connection is opened.
+/// - One handshake per key runs at a time; other callers for that key wait for it and then
+///   share the new connection.
+/// - Connections that received GOAWAY, failed, stopped answering PINGs or stayed idle past the
+///   idle timeout leave the pool.
+///
+/// Cheap to clone; clones share the pool.
+pub struct Client<C: Connect = TcpConnector> {
+    inner: Arc<Inner<C>>,
+}
+
+struct Inner<C> {
+    config: ClientConfig,
+    connector: C,
+    identities: Arc<dyn IdentityProvider>,
+    bundles: Arc<TrustBundleSet>,
+    pool: Mutex<HashMap<PoolKey, Arc<Entry>>>,
+    opened: AtomicU64,
+}
+
+#[derive(Default)]
+struct Entry {
+    conns: Mutex<Vec<Arc<Conn>>>,
+    /// Held while a connection for this key is being established.
+    connecting: tokio::sync::Mutex<()>,
+    tls: OnceLock<Arc<rustls::ClientConfig>>,
+}
+
+struct Conn {
+    send: h2::client::SendRequest<Bytes>,
+    state: Arc<ConnState>,
+}
+
+struct ConnState {
+    closed: AtomicBool,
+    active: AtomicUsize,
+    idle_since: Mutex<Instant>,
+}
+
+/// Holds one stream slot of a connection; frees it when the tunnel is dropped.
+struct Slot(Arc<ConnState>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *lock(&self.0.idle_since) = Instant::now();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// === impl Client ===
+
+impl Client<TcpConnector> {
+    /// A client over TCP that presents identities from `identities` and verifies peers
+    /// against `bundles`.
+    pub fn new(
+        config: ClientConfig,
+        identities: impl IdentityProvider,
+        bundles: impl Into<Arc<TrustBundleSet>>,
+    ) -> Self {
+        Self::with_connector(config, TcpConnector, identities, bundles)
+    }
+}
+
+impl<C: Connect> Client<C> {
+    /// A client over the transport `connector` opens.
+    pub fn with_connector(
+        config: ClientConfig,
+        connector: C,
+        identities: impl IdentityProvider,
+        bundles: impl Into<Arc<TrustBundleSet>>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                connector,
+                identities: Arc::new(identities),
+                bundles: bundles.into(),
+                pool: Mutex::default(),
+                opened: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Transport connections this client has established (successful handshakes).
+    pub fn connections_opened(&self) -> u64 {
+        self.inner.opened.load(Ordering::Relaxed)
+    }
+
+    /// Connections in the pool now, across all keys.
+    pub fn pooled_connections(&self) -> usize {
+        let entries: Vec<_> = lock(&self.inner.pool).values().cloned().collect();
+        entries
+            .iter()
+            .map(|e| {
+                lock(&e.conns)
+                    .iter()
+                    .filter(|c| !c.state.closed.load(Ordering::SeqCst))
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Opens a tunnel to `target`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a connection being established when the future is dropped is kept for
+    /// the next caller if it completes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error`]: the transport, TLS (with [`Error::is_peer_identity`] when the peer is not one
+    /// of the target's identities), HTTP/2, or a CONNECT status other than 200.
+    pub async fn open(&self, target: Target) -> Result<Tunnel, Error> {
+        let key = target.pool_key();
+        let entry = lock(&self.inner.pool).entry(key).or_default().clone();
+        // A pooled connection may turn out to be gone (GOAWAY, reset): then try a new one once.
+        // A failure on a connection made for this very request is final.
+        for attempt in 0..2 {
+            let (conn, slot, fresh) =
+                match checkout(&entry, self.inner.config.max_streams_per_connection) {
+                    Some((conn, slot)) => (conn, slot, false),
+                    None => {
+                        let _connecting = entry.connecting.lock().await;
+                        match checkout(&entry, self.inner.config.max_streams_per_connection) {
+                            Some((conn, slot)) => (conn, slot, false),
+                            None => {
+                                let conn = self.connect(&entry, &target).await?;
+                                let slot = reserve(&conn);
+                                lock(&entry.conns).push(conn.clone());
+                                (conn, slot, true)
+                            }
+                        }
+                    }
+                };
+            match self.open_stream(&conn, slot, &target).await {
+                Err(e) if e.is_connection_gone() => {
+                    conn.state.closed.store(true, Ordering::SeqCst);
+                    if fresh || attempt == 1 {
+                        return Err(e);
+                    }
+                    tracing::debug!(peer = %target.peer, error = %e, "pooled HBONE connection gone; retrying");
+                }
+                result => return result,
+            }
+        }
+        Err(Error::new(Kind::Closed))
+    }
+
+    async fn connect(&self, entry: &Entry, target: &Target) -> Result<Arc<Conn>, Error> {
+        let config = &self.inner.config;
+        let tls = match entry.tls.get() {
+            Some(tls) => tls.clone(),
+            None => {
+                let source = self
+                    .inner
+                    .identities
+                    .svid(&target.local_identity)
+                    .await
+                    .map_err(|e| Error::new(Kind::LocalIdentity(e)))?;
+                let verifier = SpiffeVerifier::new(
+                    self.inner.bundles.clone(),
+                    Authorize::OneOf(target.peer_identities.clone()),
+                );
+                let mut tls = config
+                    .tls
+                    .client_config(source, verifier)
+                    .map_err(|e| Error::new(Kind::Tls(io::Error::other(e))))?;
+                // Every connection verifies the peer in full: no session resumption.
+                tls.resumption = rustls::client::Resumption::disabled();
+                entry.tls.get_or_init(|| Arc::new(tls)).clone()
+            }
+        };
+        let io = tokio::time::timeout(
+            config.connect_timeout,
+            self.inner.connector.connect(target.peer),
+        )
+        .await
+        .map_err(|_| Error::new(Kind::Timeout("connect")))?
+        .map_err(|e| Error::new(Kind::Connect(e)))?;
+        let name = ServerName::IpAddress(target.peer.ip().into());
+        let handshake = async {
+            let tls = TlsConnector::from(tls)
+                .connect(name, io)
+                .await
+                .map_err(Error::from_tls)?;
+            let (send, connection) = config
+                .h2
+                .client_builder()
+                .handshake::<_, Bytes>(tls)
+                .await?;
+            Ok::<_, Error>((send, connection))
+        };
+        let (send, mut connection) = tokio::time::timeout(config.handshake_timeout, handshake)
+            .await
+            .map_err(|_| Error::new(Kind::Timeout("TLS and HTTP/2 handshake")))??;
+        self.inner.opened.fetch_add(1, Ordering::Relaxed);
+
+        let state = Arc::new(ConnState {
+            closed: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+        });
+        let driver_state = state.clone();
+        let (interval, timeout, idle) = (
+            config.h2.keepalive_interval,
+            config.h2.keepalive_timeout,
+            config.idle_timeout,
+        );
+        let peer = target.peer;
+        tokio::spawn(async move {
+            let alive = keepalive(connection.ping_pong(), interval, timeout);
+            let mut alive = std::pin::pin!(alive);
+            loop {
+                let idle_at = *lock(&driver_state.idle_since) + idle;
+                tokio::select! {
+                    result = &mut connection => {
+                        if let Err(e) = result {
+                            tracing::debug!(%peer, error = %e, "HBONE connection failed");
+                        }
+                        break;
+                    }
+                    () = &mut alive => {
+                        tracing::info!(%peer, "HBONE peer stopped answering PINGs; closing");
+                        break;
+                    }
+                    () = tokio::time::sleep_until(idle_at) => {
+                        let idle_for = lock(&driver_state.idle_since).elapsed();
+                        if driver_state.active.load(Ordering::SeqCst) == 0 && idle_for >= idle {
+                            tracing::debug!(%peer, "closing idle HBONE connection");
+                            break;
+                        }
+                        if driver_state.active.load(Ordering::SeqCst) > 0 {
+                            // Busy: look again one idle period from now.
+                            *lock(&driver_state.idle_since) = Instant::now();
+                        }
+                    }
+                }
+            }
+            driver_state.closed.store(true, Ordering::SeqCst);
+        });
+        Ok(Arc::new(Conn { send, state }))
+    }
+
+    async fn open_stream(&self, conn: &Conn, slot: Slot, target: &Target) -> Result<Tunnel, Error> {
+        let mut send = conn.send.clone().ready().await?;
+        let mut request = Request::builder()
+            .method(Method::CONNECT)
+            .uri(target.destination.to_string())
+            .body(())
+            .map_err(|e| Error::new(Kind::InvalidTarget(e.to_string())))?;
+        *request.headers_mut() = target.headers.clone();
+        let (response, stream) = send.send_request(request, false)?;
+        let response = tokio::time::timeout(self.inner.config.response_timeout, response)
+            .await
+            .map_err(|_| Error::new(Kind::Timeout("CONNECT response")))??;
+        if response.status() != StatusCode::OK {
+            return Err(Error::new(Kind::Status(response.status())));
+        }
+        let guard: crate::tunnel::Guard = Arc::new(slot);
+        Ok(Tunnel::new(stream, response.into_body(), Some(guard)))
+    }
+}
+
+/// A usable pooled connection with a free slot, reserved; drops connections that closed.
+fn checkout(entry: &Entry, max_streams: usize) -> Option<(Arc<Conn>, Slot)> {
+    let mut conns = lock(&entry.conns);
+    conns.retain(|c| !c.state.closed.load(Ordering::SeqCst));
+    let conn = conns
+        .iter()
+        .find(|c| c.state.active.load(Ordering::SeqCst) < max_streams)?
+        .clone();
+    let slot = reserve(&conn);
+    Some((conn, slot))
+}
+
+fn reserve(conn: &Conn) -> Slot {
+    conn.state.active.fetch_add(1, Ordering::SeqCst);
+    Slot(conn.state.clone())
+}
+
+impl<C: Connect> Clone for Client<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<C: Connect> fmt::Debug for Client<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("config", &self.inner.config)
+            .field("connections_opened", &self.connections_opened())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Connect> Service<Target> for Client<C> {
+    type Response = Tunnel;
+    type Error = Error;
+    type Future = BoxFuture<Result<Tunnel, Error>>;
+
+    /// Always ready: backpressure is per connection (stream limits), applied in `call`.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, target: Target) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.open(target).await })
+    }
+}

@@ -1,0 +1,598 @@
+//! The HBONE server: TLS with a certificate chosen per connection, the client's SPIFFE
+//! certificate required, HTTP/2, and each CONNECT handed to a `tower::Service` that decides.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::RecvStream;
+use h2::server::SendResponse;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use meshkit_identity::{CertSelector, SpiffeId, accept, peer_spiffe_id};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use crate::config::H2Settings;
+use crate::error::{Error, Kind};
+use crate::keepalive::keepalive;
+use crate::tunnel::Tunnel;
+
+/// A boxed, sendable future.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// One CONNECT request, with what the server verified about it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConnectRequest {
+    /// The client's SPIFFE ID, verified in the TLS handshake.
+    pub peer: SpiffeId,
+    /// The client's address (the TCP peer of the HBONE connection).
+    pub source: SocketAddr,
+    /// The local address the client connected to.
+    pub destination: SocketAddr,
+    /// The `:authority` of the CONNECT: where the client wants its bytes to go.
+    pub target: SocketAddr,
+    /// The request headers (`Forwarded`, `traceparent`, `baggage`, ...).
+    pub headers: HeaderMap,
+}
+
+/// What the service decides about a CONNECT.
+pub enum Decision {
+    /// Answer 200, then run the handler with the tunnel.
+    Accept(Handler),
+    /// Answer with this status and close the stream.
+    Refuse(StatusCode),
+}
+
+/// What runs with an accepted tunnel.
+pub struct Handler(Box<dyn FnOnce(Tunnel) -> BoxFuture<()> + Send>);
+
+impl Decision {
+    /// Accept, running `handler` with the tunnel once the 200 is sent.
+    pub fn accept<F, Fut>(handler: F) -> Self
+    where
+        F: FnOnce(Tunnel) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Decision::Accept(Handler(Box::new(move |t| Box::pin(handler(t)))))
+    }
+
+    /// Refuse with `status` (403 for policy, 503 when the target is unreachable, ...).
+    pub fn refuse(status: StatusCode) -> Self {
+        Decision::Refuse(status)
+    }
+}
+
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::Accept(_) => f.write_str("Accept"),
+            Decision::Refuse(s) => f.debug_tuple("Refuse").field(s).finish(),
+        }
+    }
+}
+
+/// Server settings, with documented defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// HTTP/2 settings (windows, frame size, keepalive).
+    pub h2: H2Settings,
+    /// Time allowed for the TLS handshake. Default: 10 s.
+    pub handshake_timeout: Duration,
+    /// Concurrent streams allowed per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+    /// Default: 2,000.
+    pub max_streams_per_connection: u32,
+    /// Connections served at once; further clients wait in the listen backlog. Default: 10,000.
+    pub max_connections: usize,
+    /// A connection without streams for this long is closed with GOAWAY. Default: 5 min.
+    pub idle_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            h2: H2Settings::default(),
+            handshake_timeout: Duration::from_secs(10),
+            max_streams_per_connection: 2_000,
+            max_connections: 10_000,
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Sets the HTTP/2 settings.
+    pub fn with_h2(mut self, h2: H2Settings) -> Self {
+        self.h2 = h2;
+        self
+    }
+
+    /// Sets the TLS handshake timeout.
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Sets the concurrent streams allowed per connection.
+    pub fn with_max_streams_per_connection(mut self, max: u32) -> Self {
+        self.max_streams_per_connection = max;
+        self
+    }
+
+    /// Sets how many connections are served at once.
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Sets the idle timeout of connections.
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+}
+
+/// Counters of a server, readable while it runs.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    accepted: AtomicU64,
+    open: AtomicUsize,
+    handshake_failures: AtomicU64,
+    streams: AtomicU64,
+}
+
+impl ServerStats {
+    /// TCP connections accepted so far.
+    pub fn connections_accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Connections open now.
+    pub fn connections_open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections whose TLS handshake failed or timed out.
+    pub fn handshake_failures(&self) -> u64 {
+        self.handshake_failures.load(Ordering::Relaxed)
+    }
+
+    /// Streams (requests) received so far.
+    pub fn streams(&self) -> u64 {
+        self.streams.load(Ordering::Relaxed)
+    }
+}
+
+/// An HBONE server.
+///
+/// `Sel` chooses the certificate per connection (see [`meshkit_identity::CertSelector`]); its
+/// configurations must require client certificates (those from
+/// [`meshkit_identity::TlsSettings::server_config`] do). `S` decides each CONNECT.
+pub struct Server<Sel, S> {
+    config: ServerConfig,
+    selector: Arc<Sel>,
+    service: S,
+    stats: Arc<ServerStats>,
+}
+
+// === impl Server ===
+
+impl<Sel, S> Server<Sel, S>
+where
+    Sel: CertSelector + 'static,
+    S: Service<ConnectRequest, Response = Decision> + Clone + Send + Sync + 'static,
+    S::Error: fmt::Display + Send,
+    S::Future: Send,
+{
+    /// A server with `config`, choosing certificates with `selector`, deciding with `service`.
+    pub fn new(config: ServerConfig, selector: impl Into<Arc<Sel>>, service: S) -> Self {
+        Self {
+            config,
+            selector: selector.into(),
+            service,
+            stats: Arc::default(),
+        }
+    }
+
+    /// The server's counters.
+    pub fn stats(&self) -> Arc<ServerStats> {
+        self.stats.clone()
+    }
+
+    /// Serves `listener` until `shutdown` completes, then drains: stops accepting, sends GOAWAY
+    /// on every connection, lets open tunnels finish for up to `drain`, and closes what is
+    /// left.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future stops accepting and drops every connection at once.
+    ///
+    /// # Errors
+    ///
+    /// Only when accepting from the listener fails persistently; failures of single
+    /// connections are logged and counted.
+    pub async fn serve_with_shutdown(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+        drain: Duration,
+    ) -> std::io::Result<()> {
+        let this = Arc::new(self);
+        let (drain_tx, drain_rx) = watch::channel(false);
+        let slots = Arc::new(Semaphore::new(this.config.max_connections));
+        let mut connections = JoinSet::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            // Reap finished connection tasks so the set does not grow.
+            while connections.try_join_next().is_some() {}
+            let slot = tokio::select! {
+                () = &mut shutdown => break,
+                slot = slots.clone().acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => break,
+                },
+            };
+            let (sock, source) = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = sock.set_nodelay(true);
+            let destination = sock.local_addr()?;
+            let this = this.clone();
+            let drain_rx = drain_rx.clone();
+            connections.spawn(async move {
+                let _slot = slot;
+                if let Err(e) = this.serve_io(sock, source, destination, drain_rx).await {
+                    tracing::debug!(%source, error = %e, "HBONE connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        let _ = drain_tx.send(true);
+        let drained = tokio::time::timeout(drain, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::info!(
+                remaining = connections.len(),
+                "drain deadline passed; closing remaining HBONE connections"
+            );
+            connections.shutdown().await;
+        }
+        Ok(())
+    }
+
+    /// Serves `listener` until the task is dropped.
+    ///
+    /// # Errors
+    ///
+    /// As [`Server::serve_with_shutdown`].
+    pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        self.serve_with_shutdown(listener, std::future::pending(), Duration::ZERO)
+            .await
+    }
+
+    /// Serves one connection that was accepted elsewhere, over any transport (for example a
+    /// tunnel, for HBONE inside HBONE). Returns when the connection closes.
+    ///
+    /// # Errors
+    ///
+    /// TLS or HTTP/2 failures of this connection.
+    pub async fn serve_connection<IO>(
+        &self,
+        io: IO,
+        source: SocketAddr,
+        destination: SocketAddr,
+    ) -> Result<(), Error>
+    where
+        IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let (_tx, rx) = watch::channel(false);
+        self.serve_io(io, source, destination, rx).await
+    }
+
+    async fn serve_io<IO>(
+        &self,
+        io: IO,
+        source: SocketAddr,
+        destination: SocketAddr,
+        mut drain: watch::Receiver<bool>,
+    ) -> Result<(), Error>
+    where
+        IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let _open = OpenGuard::new(&self.stats);
+        let handshake = tokio::time::timeout(
+            self.config.handshake_timeout,
+            accept(&*self.selector, io, source, destination),
+        )
+        .await;
+        let tls = match handshake {
+            Ok(Ok((tls, _info))) => tls,
+            Ok(Err(e)) => {
+                self.stats
+                    .handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%source, error = %e, "HBONE TLS handshake failed");
+                return Err(Error::new(Kind::Tls(std::io::Error::other(e))));
+            }
+            Err(_) => {
+                self.stats
+                    .handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(Error::new(Kind::Timeout("TLS handshake")));
+            }
+        };
+        let Some(peer) = peer_spiffe_id(tls.get_ref().1) else {
+            // Only reachable with a selector whose configs do not require SPIFFE clients.
+            return Err(Error::new(Kind::Tls(std::io::Error::other(
+                "client presented no SPIFFE certificate",
+            ))));
+        };
+
+        let builder = self
+            .config
+            .h2
+            .server_builder(self.config.max_streams_per_connection);
+        let mut conn = builder.handshake::<_, Bytes>(tls).await?;
+        let ping = conn.ping_pong();
+        let alive = keepalive(
+            ping,
+            self.config.h2.keepalive_interval,
+            self.config.h2.keepalive_timeout,
+        );
+        let mut alive = std::pin::pin!(alive);
+        let activity = Arc::new(Activity::new());
+        let mut draining = *drain.borrow();
+        if draining {
+            conn.graceful_shutdown();
+        }
+        loop {
+            let idle_at = activity.idle_deadline(self.config.idle_timeout);
+            tokio::select! {
+                next = conn.accept() => match next {
+                    Some(Ok((request, respond))) => {
+                        self.stats.streams.fetch_add(1, Ordering::Relaxed);
+                        let stream = Stream {
+                            peer: peer.clone(),
+                            source,
+                            destination,
+                            activity: activity.clone(),
+                        };
+                        tokio::spawn(stream.handle(self.service.clone(), request, respond));
+                    }
+                    // Stop at the first error: h2 may keep yielding it.
+                    Some(Err(e)) => return Err(e.into()),
+                    None => return Ok(()),
+                },
+                () = &mut alive => {
+                    tracing::info!(%source, %peer, "HBONE client stopped answering PINGs; closing");
+                    return Err(Error::new(Kind::Timeout("keepalive PING")));
+                }
+                _ = drain.changed(), if !draining => {
+                    draining = true;
+                    conn.graceful_shutdown();
+                }
+                () = sleep_until_opt(idle_at), if !draining => {
+                    if activity.is_idle(self.config.idle_timeout) {
+                        tracing::debug!(%source, "closing idle HBONE connection");
+                        draining = true;
+                        conn.graceful_shutdown();
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl<Sel, S: fmt::Debug> fmt::Debug for Server<Sel, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server")
+            .field("config", &self.config)
+            .field("service", &self.service)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counts a connection as open while alive.
+struct OpenGuard(Arc<ServerStats>);
+
+impl OpenGuard {
+    fn new(stats: &Arc<ServerStats>) -> Self {
+        stats.open.fetch_add(1, Ordering::Relaxed);
+        Self(stats.clone())
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Streams in flight on one connection, and when the last one ended.
+struct Activity {
+    active: AtomicUsize,
+    idle_since: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            active: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn start(self: &Arc<Self>) -> ActiveStream {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        ActiveStream(self.clone())
+    }
+
+    /// When the connection becomes idle if nothing happens, or `None` while streams are open.
+    fn idle_deadline(&self, timeout: Duration) -> Option<Instant> {
+        if self.active.load(Ordering::SeqCst) > 0 {
+            // Re-checked when the next request arrives or a stream ends (below, on wake-up).
+            return Some(Instant::now() + timeout);
+        }
+        let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
+        Some(since + timeout)
+    }
+
+    fn is_idle(&self, timeout: Duration) -> bool {
+        self.active.load(Ordering::SeqCst) == 0
+            && self
+                .idle_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .elapsed()
+                >= timeout
+    }
+}
+
+struct ActiveStream(Arc<Activity>);
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        }
+    }
+}
+
+/// One request on a connection.
+struct Stream {
+    peer: SpiffeId,
+    source: SocketAddr,
+    destination: SocketAddr,
+    activity: Arc<Activity>,
+}
+
+impl Stream {
+    async fn handle<S>(
+        self,
+        mut service: S,
+        request: Request<RecvStream>,
+        mut respond: SendResponse<Bytes>,
+    ) where
+        S: Service<ConnectRequest, Response = Decision>,
+        S::Error: fmt::Display,
+    {
+        let active = self.activity.start();
+        if request.method() != Method::CONNECT {
+            return refuse(&mut respond, StatusCode::METHOD_NOT_ALLOWED);
+        }
+        let Some(target) = request
+            .uri()
+            .authority()
+            .and_then(|a| a.as_str().parse::<SocketAddr>().ok())
+        else {
+            return refuse(&mut respond, StatusCode::BAD_REQUEST);
+        };
+        let (parts, body) = request.into_parts();
+        let connect = ConnectRequest {
+            peer: self.peer,
+            source: self.source,
+            destination: self.destination,
+            target,
+            headers: parts.headers,
+        };
+        let decision = match std::future::poll_fn(|cx| service.poll_ready(cx)).await {
+            Ok(()) => service.call(connect).await,
+            Err(e) => Err(e),
+        };
+        match decision {
+            Ok(Decision::Accept(Handler(handler))) => {
+                let response = Response::builder()
+                    .status(StatusCode::OK)
+                    .body(())
+                    .unwrap_or_default();
+                match respond.send_response(response, false) {
+                    Ok(send) => {
+                        let guard: crate::tunnel::Guard = Arc::new(active);
+                        handler(Tunnel::new(send, body, Some(guard))).await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "client went away before 200"),
+                }
+            }
+            Ok(Decision::Refuse(status)) => refuse(&mut respond, status),
+            Err(e) => {
+                tracing::warn!(%target, error = %e, "HBONE service failed");
+                refuse(&mut respond, StatusCode::INTERNAL_SERVER_ERROR);
+            }
+        }
+    }
+}
+
+fn refuse(respond: &mut SendResponse<Bytes>, status: StatusCode) {
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    let _ = respond.send_response(response, true);
+}
+
+/// A [`Decision`] service from a closure, for tests and small servers.
+#[derive(Clone)]
+pub struct DecideFn<F>(F);
+
+/// Wraps `f` (a `ConnectRequest` to a future of `Decision`) as a service.
+pub fn decide_fn<F, Fut>(f: F) -> DecideFn<F>
+where
+    F: FnMut(ConnectRequest) -> Fut,
+    Fut: Future<Output = Decision>,
+{
+    DecideFn(f)
+}
+
+impl<F, Fut> Service<ConnectRequest> for DecideFn<F>
+where
+    F: FnMut(ConnectRequest) -> Fut,
+    Fut: Future<Output = Decision> + Send + 'static,
+{
+    type Response = Decision;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Decision, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: ConnectRequest) -> Self::Future {
+        let fut = (self.0)(req);
+        Box::pin(async move { Ok(fut.await) })
+    }
+}
+
+impl<F> fmt::Debug for DecideFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DecideFn")
+    }
+}

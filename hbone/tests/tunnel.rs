@@ -1,0 +1,593 @@
+//! Tunnels end to end over loopback: echo, half-close, statuses, resets, bulk transfer,
+//! many streams, flow control, PROXY headers, double HBONE, shutdown and limits.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use meshkit_hbone::{
+    Client, ClientConfig, ConnectRequest, Decision, Forward, Server, ServerConfig, Target,
+    TunnelConnector, decide_fn, proxy_protocol,
+};
+use meshkit_identity::{Authorize, SingleIdentity, VerifyError};
+use sha2::{Digest, Sha256};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+fn target(server: SocketAddr, destination: SocketAddr) -> Target {
+    Target::new(server, destination, id(CLIENT), id(SERVER))
+}
+
+#[tokio::test]
+async fn echo_through_the_forwarder() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    let server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let tunnel = client.open(target(server.addr, backend)).await.unwrap();
+    assert_eq!(round_trip(tunnel, b"hello hbone").await, b"hello hbone");
+}
+
+#[tokio::test]
+async fn server_service_sees_verified_peer_addresses_and_headers() {
+    let pki = Pki::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ConnectRequest>();
+    let service = decide_fn(move |req: ConnectRequest| {
+        let _ = tx.send(req);
+        async { Decision::refuse(StatusCode::FORBIDDEN) }
+    });
+    let server = start(&pki, ServerConfig::default(), service).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let source: SocketAddr = "10.1.2.3:4567".parse().unwrap();
+    let t = target(server.addr, "127.0.0.1:9".parse().unwrap())
+        .forwarded_for(source)
+        .traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        .unwrap()
+        .baggage("tenant=blue")
+        .unwrap();
+    let err = client.open(t).await.unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::FORBIDDEN));
+
+    let req = rx.recv().await.unwrap();
+    assert_eq!(req.peer, id(CLIENT));
+    assert_eq!(req.target, "127.0.0.1:9".parse().unwrap());
+    assert_eq!(req.destination, server.addr);
+    assert_eq!(req.source.ip(), server.addr.ip());
+    assert_eq!(req.headers["forwarded"], "for=\"10.1.2.3:4567\"");
+    assert_eq!(req.headers["baggage"], "tenant=blue");
+    assert!(req.headers.contains_key("traceparent"));
+}
+
+#[tokio::test]
+async fn half_close_works_in_both_directions() {
+    let pki = Pki::new();
+    // The server reads to EOF, then answers with what it got, reversed; then half-closes.
+    let service = decide_fn(|_req| async {
+        Decision::accept(|mut tunnel| async move {
+            let mut got = Vec::new();
+            tunnel.read_to_end(&mut got).await.unwrap();
+            got.reverse();
+            tunnel.write_all(&got).await.unwrap();
+            tunnel.shutdown().await.unwrap();
+        })
+    });
+    let server = start(&pki, ServerConfig::default(), service).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let mut tunnel = client
+        .open(target(server.addr, "127.0.0.1:1".parse().unwrap()))
+        .await
+        .unwrap();
+    tunnel.write_all(b"abc").await.unwrap();
+    tunnel.shutdown().await.unwrap(); // our side done; theirs still flows
+    let mut back = Vec::new();
+    tunnel.read_to_end(&mut back).await.unwrap();
+    assert_eq!(back, b"cba");
+
+    // The other way round: the server finishes first while the client keeps sending.
+    let service = decide_fn(|_req| async {
+        Decision::accept(|mut tunnel| async move {
+            tunnel.write_all(b"greeting").await.unwrap();
+            tunnel.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            tunnel.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, b"late data");
+        })
+    });
+    let server = start(&pki, ServerConfig::default(), service).await;
+    let mut tunnel = client
+        .open(target(server.addr, "127.0.0.1:1".parse().unwrap()))
+        .await
+        .unwrap();
+    let mut greeting = Vec::new();
+    tunnel.read_to_end(&mut greeting).await.unwrap();
+    assert_eq!(greeting, b"greeting");
+    tunnel.write_all(b"late data").await.unwrap();
+    tunnel.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn status_codes_for_refusals() {
+    let pki = Pki::new();
+    let client = pki.client(CLIENT, ClientConfig::default());
+
+    // 403: refused by policy.
+    let server = start(
+        &pki,
+        ServerConfig::default(),
+        Forward::new().with_policy(|req: &ConnectRequest| req.target.port() != 6666),
+    )
+    .await;
+    let err = client
+        .open(target(server.addr, "127.0.0.1:6666".parse().unwrap()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::FORBIDDEN));
+
+    // 503: nothing listens at the target.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let err = client.open(target(server.addr, closed)).await.unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+
+    // 504: the target does not complete the TCP handshake in time (its backlog is full).
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let full = socket.listen(1).unwrap();
+    let full_addr = full.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(full_addr)).await
+        {
+            fillers.push(s);
+        }
+    }
+    let slow = start(
+        &pki,
+        ServerConfig::default(),
+        Forward::new().with_connect_timeout(Duration::from_millis(300)),
+    )
+    .await;
+    let err = client.open(target(slow.addr, full_addr)).await.unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::GATEWAY_TIMEOUT));
+    drop((full, fillers));
+}
+
+/// A raw HTTP/2 client over the same mutual TLS, to send what the HBONE client never would.
+async fn raw_h2(pki: &Pki, server: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tls = meshkit_identity::TlsSettings::default()
+        .client_config(
+            pki.ca.issue(id(CLIENT)),
+            meshkit_identity::SpiffeVerifier::new(pki.ca.bundle_set(), Authorize::AnyTrusted),
+        )
+        .unwrap();
+    let sock = TcpStream::connect(server).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(server.ip().into()),
+            sock,
+        )
+        .await
+        .unwrap();
+    let (send, conn) = h2::client::handshake(tls).await.unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+#[tokio::test]
+async fn non_connect_is_405_and_bad_authority_is_400() {
+    let pki = Pki::new();
+    let server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    let mut h2 = raw_h2(&pki, server.addr).await;
+
+    let get = http::Request::get("https://127.0.0.1/").body(()).unwrap();
+    let (resp, _) = h2.send_request(get, true).unwrap();
+    assert_eq!(resp.await.unwrap().status(), StatusCode::METHOD_NOT_ALLOWED);
+
+    for authority in ["example.com:80", "127.0.0.1", "[::1]"] {
+        let mut h2 = h2.clone().ready().await.unwrap();
+        let connect = http::Request::connect(authority).body(()).unwrap();
+        let (resp, _) = h2.send_request(connect, false).unwrap();
+        assert_eq!(
+            resp.await.unwrap().status(),
+            StatusCode::BAD_REQUEST,
+            "{authority}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn wrong_server_identity_fails_with_a_typed_error() {
+    let pki = Pki::new();
+    let server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let expected_other = Target::new(
+        server.addr,
+        "127.0.0.1:1".parse().unwrap(),
+        id(CLIENT),
+        id("spiffe://cluster.local/ns/shop/sa/cache"),
+    );
+    let err = client.open(expected_other).await.unwrap_err();
+    assert!(err.is_peer_identity(), "{err}");
+    assert_eq!(
+        err.peer_identity_error(),
+        Some(&VerifyError::Unauthorized(id(SERVER)))
+    );
+}
+
+#[tokio::test]
+async fn unauthorized_client_is_refused_by_the_server() {
+    let pki = Pki::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let only_web = SingleIdentity::new(pki.server_tls(SERVER, Authorize::Exact(id(CLIENT))));
+    let server = Server::new(ServerConfig::default(), only_web, Forward::new());
+    let stats = server.stats();
+    tokio::spawn(server.serve(listener));
+    let intruder = pki.client(
+        "spiffe://cluster.local/ns/evil/sa/x",
+        ClientConfig::default(),
+    );
+    let t = Target::new(
+        addr,
+        "127.0.0.1:1".parse().unwrap(),
+        id("spiffe://cluster.local/ns/evil/sa/x"),
+        id(SERVER),
+    );
+    assert!(intruder.open(t).await.is_err());
+    assert_eq!(stats.handshake_failures(), 1);
+}
+
+#[tokio::test]
+async fn peer_reset_mid_transfer() {
+    let pki = Pki::new();
+    let service = decide_fn(|req: ConnectRequest| async move {
+        let reason = if req.target.port() == 1 {
+            h2::Reason::INTERNAL_ERROR
+        } else {
+            h2::Reason::CANCEL
+        };
+        Decision::accept(move |mut tunnel| async move {
+            tunnel.write_all(&[7u8; 100_000]).await.unwrap();
+            let mut buf = [0u8; 10];
+            tunnel.read_exact(&mut buf).await.unwrap();
+            tunnel.reset(reason);
+        })
+    });
+    let server = start(&pki, ServerConfig::default(), service).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    for (port, graceful) in [(1, false), (2, true)] {
+        let mut tunnel = client
+            .open(target(
+                server.addr,
+                SocketAddr::from(([127, 0, 0, 1], port)),
+            ))
+            .await
+            .unwrap();
+        tunnel.write_all(&[1u8; 10]).await.unwrap();
+        let mut got = Vec::new();
+        let result = tunnel.read_to_end(&mut got).await;
+        if graceful {
+            // CANCEL reads as EOF, after whatever arrived before it.
+            assert!(result.is_ok(), "{result:?}");
+        } else {
+            let err = result.unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_mib_arrive_intact() {
+    const SIZE: usize = 64 * 1024 * 1024;
+    let pki = Pki::new();
+    // The server hashes everything it receives and answers with the digest.
+    let service = decide_fn(|_req| async {
+        Decision::accept(|tunnel| async move {
+            let (mut recv, mut send) = tunnel.into_split();
+            let mut hasher = Sha256::new();
+            let mut total = 0usize;
+            while let Some(chunk) = recv.chunk().await.unwrap() {
+                total += chunk.len();
+                hasher.update(&chunk);
+            }
+            let mut answer = hasher.finalize().to_vec();
+            answer.extend_from_slice(&(total as u64).to_be_bytes());
+            send.send(answer.into()).await.unwrap();
+            send.finish().unwrap();
+        })
+    });
+    let server = start(&pki, ServerConfig::default(), service).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let tunnel = client
+        .open(target(server.addr, "127.0.0.1:1".parse().unwrap()))
+        .await
+        .unwrap();
+    let (mut recv, mut send) = tunnel.into_split();
+
+    // Pseudo-random content, so that misordered or dropped chunks change the digest.
+    let mut data = vec![0u8; SIZE];
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let expected = Sha256::digest(&data);
+    let data = bytes::Bytes::from(data);
+    for chunk in data.chunks(256 * 1024) {
+        send.send(data.slice_ref(chunk)).await.unwrap();
+    }
+    send.finish().unwrap();
+    let mut answer = Vec::new();
+    while let Some(chunk) = recv.chunk().await.unwrap() {
+        answer.extend_from_slice(&chunk);
+    }
+    assert_eq!(&answer[..32], expected.as_slice());
+    assert_eq!(
+        u64::from_be_bytes(answer[32..40].try_into().unwrap()),
+        SIZE as u64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_tunnels_on_one_connection() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    let server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    let client = pki.client(
+        CLIENT,
+        ClientConfig::default().with_max_streams_per_connection(1000),
+    );
+    // Warm the pool so that all tunnels find the one connection.
+    drop(client.open(target(server.addr, backend)).await.unwrap());
+    let tasks: Vec<_> = (0..1000)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut t = client.open(target(server.addr, backend)).await.unwrap();
+                let msg = format!("tunnel {i}");
+                t.write_all(msg.as_bytes()).await.unwrap();
+                let mut buf = vec![0; msg.len()];
+                t.read_exact(&mut buf).await.unwrap();
+                assert_eq!(buf, msg.as_bytes());
+                t // held until all are open
+            })
+        })
+        .collect();
+    let mut open = Vec::new();
+    for t in tasks {
+        open.push(t.await.unwrap());
+    }
+    assert_eq!(open.len(), 1000);
+    assert_eq!(client.connections_opened(), 1);
+    assert_eq!(server.stats.connections_accepted(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_does_not_stall_other_tunnels() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    // Port 1: the server pushes 64 MiB that the client never reads. Others: echo.
+    let forward = Forward::new();
+    let service = decide_fn(move |req: ConnectRequest| {
+        let mut forward = forward.clone();
+        async move {
+            if req.target.port() == 1 {
+                Decision::accept(|tunnel| async move {
+                    let (_recv, mut send) = tunnel.into_split();
+                    let block = bytes::Bytes::from(vec![0u8; 1024 * 1024]);
+                    for _ in 0..64 {
+                        if send.send(block.clone()).await.is_err() {
+                            return;
+                        }
+                    }
+                })
+            } else {
+                tower::Service::call(&mut forward, req).await.unwrap()
+            }
+        }
+    });
+    let server = start(&pki, ServerConfig::default(), service).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let _stalled = client
+        .open(target(server.addr, "127.0.0.1:1".parse().unwrap()))
+        .await
+        .unwrap();
+    // Let the flood fill its stream window.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..20 {
+        let t = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.open(target(server.addr, backend)),
+        )
+        .await
+        .expect("open not blocked by the stalled stream")
+        .unwrap();
+        let echoed = tokio::time::timeout(Duration::from_secs(5), round_trip(t, b"still moving"))
+            .await
+            .expect("echo not blocked by the stalled stream");
+        assert_eq!(echoed, b"still moving");
+    }
+    assert_eq!(client.connections_opened(), 1, "all on the same connection");
+}
+
+#[tokio::test]
+async fn proxy_protocol_header_carries_the_peer_identity() {
+    let pki = Pki::new();
+    let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend_addr = backend.local_addr().unwrap();
+    let server = start(
+        &pki,
+        ServerConfig::default(),
+        Forward::new().with_proxy_protocol(true),
+    )
+    .await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let mut tunnel = client
+        .open(target(server.addr, backend_addr))
+        .await
+        .unwrap();
+    tunnel.write_all(b"payload").await.unwrap();
+    tunnel.shutdown().await.unwrap();
+
+    let (mut sock, _) = backend.accept().await.unwrap();
+    let mut got = Vec::new();
+    sock.read_to_end(&mut got).await.unwrap();
+    assert_eq!(&got[..12], &proxy_protocol::SIGNATURE);
+    let len = u16::from_be_bytes([got[14], got[15]]) as usize;
+    let header = &got[..16 + len];
+    let tlv = &header[28..];
+    assert_eq!(tlv[0], proxy_protocol::TLV_PEER_SPIFFE_ID);
+    assert_eq!(&tlv[3..], CLIENT.as_bytes());
+    assert_eq!(&got[16 + len..], b"payload");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hbone_inside_hbone() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    // The inner server: reached only through tunnels of the outer one.
+    let inner = Arc::new(Server::new(
+        ServerConfig::default(),
+        SingleIdentity::new(pki.server_tls(SERVER, Authorize::AnyTrusted)),
+        Forward::new(),
+    ));
+    let inner_addr: SocketAddr = "127.0.0.1:15008".parse().unwrap();
+    let outer_service = decide_fn(move |req: ConnectRequest| {
+        let inner = inner.clone();
+        async move {
+            Decision::accept(move |tunnel| async move {
+                let _ = inner.serve_connection(tunnel, req.source, req.target).await;
+            })
+        }
+    });
+    let outer = start(&pki, ServerConfig::default(), outer_service).await;
+
+    let outer_client = pki.client(CLIENT, ClientConfig::default());
+    let outer_addr = outer.addr;
+    let connector =
+        TunnelConnector::new(outer_client.clone(), move |addr| target(outer_addr, addr));
+    let inner_client = Client::with_connector(
+        ClientConfig::default(),
+        connector,
+        pki.ca.issue(id(CLIENT)),
+        pki.ca.bundle_set(),
+    );
+    let tunnel = inner_client
+        .open(target(inner_addr, backend))
+        .await
+        .unwrap();
+    assert_eq!(
+        round_trip(tunnel, b"two layers deep").await,
+        b"two layers deep"
+    );
+    assert_eq!(outer_client.connections_opened(), 1);
+    assert_eq!(inner_client.connections_opened(), 1);
+}
+
+#[tokio::test]
+async fn graceful_shutdown_drains_open_tunnels_then_stops() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    let mut server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let mut open = client.open(target(server.addr, backend)).await.unwrap();
+    server.stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // The open tunnel keeps working while the server drains.
+    open.write_all(b"during drain").await.unwrap();
+    let mut buf = [0u8; 12];
+    open.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"during drain");
+    // New tunnels are refused: the connection got GOAWAY and the listener is closed.
+    let other = pki.client(
+        "spiffe://cluster.local/ns/shop/sa/other",
+        ClientConfig::default(),
+    );
+    let t = Target::new(
+        server.addr,
+        backend,
+        id("spiffe://cluster.local/ns/shop/sa/other"),
+        id(SERVER),
+    );
+    assert!(other.open(t).await.is_err());
+    assert!(!server.task.is_finished());
+
+    assert_eq!(round_trip(open, b"last").await, b"last");
+    tokio::time::timeout(Duration::from_secs(5), &mut server.task)
+        .await
+        .expect("server finished once its tunnels closed")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn drain_deadline_closes_what_is_left() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut server = start_on(
+        &pki,
+        listener,
+        ServerConfig::default(),
+        Forward::new(),
+        Duration::from_millis(300),
+    )
+    .await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let mut open = client.open(target(server.addr, backend)).await.unwrap();
+    server.stop();
+    tokio::time::timeout(Duration::from_secs(5), &mut server.task)
+        .await
+        .expect("server stops at the drain deadline")
+        .unwrap()
+        .unwrap();
+    let mut buf = Vec::new();
+    let result = open.read_to_end(&mut buf).await;
+    assert!(
+        result.is_err() || buf.is_empty(),
+        "tunnel closed by the deadline"
+    );
+}
+
+#[tokio::test]
+async fn handshake_timeout_and_garbage_never_take_the_server_down() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    let server = start(
+        &pki,
+        ServerConfig::default().with_handshake_timeout(Duration::from_millis(200)),
+        Forward::new(),
+    )
+    .await;
+    // Silent client: closed after the handshake timeout.
+    let mut silent = TcpStream::connect(server.addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(3), silent.read(&mut buf))
+        .await
+        .expect("server closed the silent connection")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    // Garbage instead of a ClientHello.
+    let mut garbage = TcpStream::connect(server.addr).await.unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(3), garbage.read(&mut buf)).await;
+    // Still serving.
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let tunnel = client.open(target(server.addr, backend)).await.unwrap();
+    assert_eq!(round_trip(tunnel, b"ok").await, b"ok");
+    assert_eq!(server.stats.handshake_failures(), 2);
+}
