@@ -61,13 +61,15 @@ pub fn report_ratios(ratios: &[Ratio<'_>]) {
             median_ns(r.group, r.subject),
             median_ns(r.group, r.baseline),
         ) {
-            (Some(s), Some(b)) if b > 0.0 => println!(
-                "  {group}: {subject} {s:.0} ns / {baseline} {b:.0} ns = {ratio:.3} ({pct:+.1}%)",
+            (Some(s), Some(b)) if b > 0.0 && s > 0.0 => println!(
+                "  {group}: {subject} {s:.0} ns / {baseline} {b:.0} ns = {ratio:.3} \
+                 ({pct:+.1}% time; throughput ratio {speed:.3})",
                 group = r.group,
                 subject = r.subject,
                 baseline = r.baseline,
                 ratio = s / b,
                 pct = (s / b - 1.0) * 100.0,
+                speed = b / s,
             ),
             _ => println!(
                 "  {}: {} vs {}: no estimates from this run",

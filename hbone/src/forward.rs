@@ -97,7 +97,9 @@ impl Service<ConnectRequest> for Forward {
 }
 
 impl Forward {
-    async fn decide(self, req: ConnectRequest) -> Decision {
+    /// Decides `req` as the service does: policy, then dial, then accept with a copying
+    /// handler. Handy to wrap the forwarder in a service of one's own.
+    pub async fn decide(&self, req: ConnectRequest) -> Decision {
         if let Some(policy) = &self.policy
             && !policy(&req)
         {

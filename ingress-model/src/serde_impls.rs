@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::k8s::io::api::networking::v1::{HttpIngressRuleValue, IngressRule, IngressRuleValue};
 use crate::k8s::io::apimachinery::pkg::apis::meta::v1::{FieldsV1, Time};
 use crate::k8s::io::apimachinery::pkg::runtime::RawExtension;
 use crate::k8s::io::apimachinery::pkg::util::intstr::IntOrString;
@@ -186,6 +187,42 @@ impl<'de> Deserialize<'de> for RawExtension {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         Ok(RawExtension {
             raw: Some(deserialize_raw_json(deserializer)?),
+        })
+    }
+}
+
+// === impl IngressRule ===
+
+/// The JSON shape of `IngressRule`: Go embeds `IngressRuleValue`, so `http` is a direct field.
+#[derive(Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct IngressRuleJson {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    http: Option<HttpIngressRuleValue>,
+}
+
+impl Serialize for IngressRule {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        IngressRuleJson {
+            host: self.host.clone(),
+            http: self
+                .ingress_rule_value
+                .as_ref()
+                .and_then(|v| v.http.clone()),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for IngressRule {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let json = IngressRuleJson::deserialize(deserializer)?;
+        Ok(IngressRule {
+            host: json.host,
+            // An absent `http` is an absent rule value, as the Go decoder produces.
+            ingress_rule_value: json.http.map(|http| IngressRuleValue { http: Some(http) }),
         })
     }
 }

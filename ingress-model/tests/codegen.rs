@@ -15,7 +15,8 @@ const PROTO_FILES: &[&str] = &[
 ];
 
 /// Messages whose serde impls are derived; the others (`Time`, `IntOrString`, `FieldsV1`,
-/// `RawExtension`, `Unknown`) have hand-written JSON forms in `src/serde_impls.rs`.
+/// `RawExtension`, `Unknown`, and `IngressRule`, whose `IngressRuleValue` is embedded in Go so
+/// that `http` sits directly on the rule in JSON) have hand-written forms in `src/serde_impls.rs`.
 const SERDE_DERIVED: &[&str] = &[
     ".k8s.io.api.networking.v1.HTTPIngressPath",
     ".k8s.io.api.networking.v1.HTTPIngressRuleValue",
@@ -29,7 +30,6 @@ const SERDE_DERIVED: &[&str] = &[
     ".k8s.io.api.networking.v1.IngressLoadBalancerIngress",
     ".k8s.io.api.networking.v1.IngressLoadBalancerStatus",
     ".k8s.io.api.networking.v1.IngressPortStatus",
-    ".k8s.io.api.networking.v1.IngressRule",
     ".k8s.io.api.networking.v1.IngressRuleValue",
     ".k8s.io.api.networking.v1.IngressServiceBackend",
     ".k8s.io.api.networking.v1.IngressSpec",
@@ -72,11 +72,6 @@ fn generate(out_dir: &Path) {
         ".k8s.io.api.networking.v1.IngressClassParametersReference.aPIGroup",
         "#[serde(rename = \"apiGroup\")]",
     );
-    // `IngressRuleValue` is embedded in Go, so its `http` field sits directly on the rule in JSON.
-    config.field_attribute(
-        ".k8s.io.api.networking.v1.IngressRule.ingressRuleValue",
-        "#[serde(flatten)]",
-    );
     config.compile_fds(fds).expect("generate Rust");
 }
 
@@ -84,9 +79,17 @@ fn generated_files(dir: &Path) -> Vec<(String, String)> {
     let mut files: Vec<(String, String)> = std::fs::read_dir(dir)
         .expect("read dir")
         .map(|entry| entry.expect("dir entry").path())
-        .filter(|path| path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("k8s.io.")))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("k8s.io."))
+        })
         .map(|path| {
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_owned();
             let text = std::fs::read_to_string(&path).expect("read generated file");
             (name, text)
         })

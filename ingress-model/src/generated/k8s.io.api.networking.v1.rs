@@ -200,18 +200,13 @@ pub struct IngressPortStatus {
     pub error: ::core::option::Option<::prost::alloc::string::String>,
 }
 /// A host rule of an Ingress.
-#[derive(::serde::Serialize, ::serde::Deserialize)]
-#[serde(rename_all = "camelCase", default)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct IngressRule {
     /// Host name (exact, or `*.` wildcard of one label); empty matches every host.
     #[prost(string, optional, tag = "1")]
-    #[serde(skip_serializing_if = "crate::serde_impls::is_default")]
     pub host: ::core::option::Option<::prost::alloc::string::String>,
     /// What to do with requests for the host (inlined in JSON).
     #[prost(message, optional, tag = "2")]
-    #[serde(skip_serializing_if = "crate::serde_impls::is_default")]
-    #[serde(flatten)]
     pub ingress_rule_value: ::core::option::Option<IngressRuleValue>,
 }
 /// The value of an Ingress rule; only HTTP exists.

@@ -1,0 +1,382 @@
+//! meshkit-hbone on loopback, each beside its baseline in the same run: bulk throughput
+//! (raw TCP, plain rustls TLS 1.3, HBONE), 1 KiB round trips (TLS, HBONE), and tunnel opening
+//! on a warm pooled connection and on a cold one.
+//!
+//! `cargo bench -p meshkit-benches --bench hbone`
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{Criterion, Throughput, criterion_group};
+use meshkit_benches::{Ratio, report_ratios};
+use meshkit_hbone::{Client, ClientConfig, Decision, Server, ServerConfig, Target, decide_fn};
+use meshkit_identity::test_util::TestCa;
+use meshkit_identity::{
+    Authorize, SingleIdentity, SpiffeId, SpiffeVerifier, TlsSettings, TrustDomain,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
+
+const BULK: usize = 64 * 1024 * 1024;
+const CHUNK: usize = 1024 * 1024;
+const CLIENT: &str = "spiffe://cluster.local/ns/bench/sa/client";
+const SERVER: &str = "spiffe://cluster.local/ns/bench/sa/server";
+
+fn id(s: &str) -> SpiffeId {
+    s.parse().unwrap()
+}
+
+/// The HTTP/2 settings under test: the defaults, unless `HBONE_BENCH_FRAME` (bytes) asks for
+/// another maximum frame size, for tuning experiments.
+fn h2_settings() -> meshkit_hbone::H2Settings {
+    let settings = meshkit_hbone::H2Settings::default();
+    match std::env::var("HBONE_BENCH_FRAME")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(frame) => settings.with_max_frame_size(frame),
+        None => settings,
+    }
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+struct Pki {
+    ca: TestCa,
+}
+
+impl Pki {
+    fn new() -> Self {
+        Self {
+            ca: TestCa::new(TrustDomain::new("cluster.local").unwrap()),
+        }
+    }
+
+    fn server_tls(&self) -> rustls::ServerConfig {
+        TlsSettings::default()
+            .server_config(
+                self.ca.issue(id(SERVER)),
+                SpiffeVerifier::new(self.ca.bundle_set(), Authorize::AnyTrusted),
+            )
+            .unwrap()
+    }
+
+    fn client_tls(&self) -> rustls::ClientConfig {
+        TlsSettings::default()
+            .client_config(
+                self.ca.issue(id(CLIENT)),
+                SpiffeVerifier::new(self.ca.bundle_set(), Authorize::Exact(id(SERVER))),
+            )
+            .unwrap()
+    }
+
+    fn client(&self) -> Client {
+        Client::new(
+            ClientConfig::default().with_h2(h2_settings()),
+            self.ca.issue(id(CLIENT)),
+            self.ca.bundle_set(),
+        )
+    }
+}
+
+/// What the far end of every transport does: `Sink` acknowledges each `BULK` bytes with one
+/// byte; `Echo` sends back what it reads.
+#[derive(Clone, Copy)]
+enum Peer {
+    Sink,
+    Echo,
+}
+
+async fn serve_peer<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, peer: Peer) {
+    let mut buf = vec![0u8; CHUNK];
+    let mut seen = 0usize;
+    loop {
+        let n = match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        match peer {
+            Peer::Sink => {
+                seen += n;
+                while seen >= BULK {
+                    seen -= BULK;
+                    // Flush: a TLS stream may hold the record until asked to.
+                    if s.write_all(&[1]).await.is_err() || s.flush().await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Peer::Echo => {
+                if s.write_all(&buf[..n]).await.is_err() || s.flush().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A raw TCP connection whose far end runs `peer`.
+async fn tcp_pair(peer: Peer) -> TcpStream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        s.set_nodelay(true).unwrap();
+        serve_peer(s, peer).await;
+    });
+    let s = TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// A mutual-TLS 1.3 stream (same provider, certificates and verifiers as HBONE) whose far end
+/// runs `peer`.
+async fn tls_pair(pki: &Pki, peer: Peer) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls()));
+    tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        s.set_nodelay(true).unwrap();
+        let tls = acceptor.accept(s).await.unwrap();
+        serve_peer(tls, peer).await;
+    });
+    let s = TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(pki.client_tls()))
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
+            s,
+        )
+        .await
+        .unwrap()
+}
+
+/// An HBONE server whose tunnels run `Peer::Sink` for target port 1 and `Peer::Echo` else.
+async fn hbone_server(pki: &Pki) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = decide_fn(|req: meshkit_hbone::ConnectRequest| async move {
+        let peer = if req.target.port() == 1 {
+            Peer::Sink
+        } else {
+            Peer::Echo
+        };
+        Decision::accept(move |tunnel| serve_peer(tunnel, peer))
+    });
+    let server = Server::new(
+        ServerConfig::default().with_h2(h2_settings()),
+        SingleIdentity::new(pki.server_tls()),
+        service,
+    );
+    tokio::spawn(server.serve(listener));
+    addr
+}
+
+fn target(server: SocketAddr, peer: Peer) -> Target {
+    let port = match peer {
+        Peer::Sink => 1,
+        Peer::Echo => 2,
+    };
+    Target::new(
+        server,
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        id(CLIENT),
+        id(SERVER),
+    )
+}
+
+/// Sends `BULK` bytes in `CHUNK` writes and waits for the acknowledgement.
+async fn bulk<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, block: &[u8]) {
+    for _ in 0..BULK / CHUNK {
+        s.write_all(block).await.unwrap();
+    }
+    s.flush().await.unwrap();
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack).await.unwrap();
+}
+
+fn bench_throughput(c: &mut Criterion) {
+    let rt = runtime();
+    let pki = Pki::new();
+    let block = vec![0x5au8; CHUNK];
+    let shared = Bytes::from(block.clone());
+    let (mut tcp, mut tls, mut hbone, _client) = rt.block_on(async {
+        let server = hbone_server(&pki).await;
+        let client = pki.client();
+        let tunnel = client.open(target(server, Peer::Sink)).await.unwrap();
+        (
+            tcp_pair(Peer::Sink).await,
+            tls_pair(&pki, Peer::Sink).await,
+            tunnel,
+            client,
+        )
+    });
+
+    let mut g = c.benchmark_group("bulk_64mib");
+    g.throughput(Throughput::Bytes(BULK as u64));
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(8));
+    g.bench_function("tcp", |b| b.iter(|| rt.block_on(bulk(&mut tcp, &block))));
+    g.bench_function("tls", |b| b.iter(|| rt.block_on(bulk(&mut tls, &block))));
+    g.bench_function("hbone", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                // The zero-copy path: the same 1 MiB buffer handed over as `Bytes` each time.
+                let send = hbone.send_half();
+                for _ in 0..BULK / CHUNK {
+                    send.send(shared.clone()).await.unwrap();
+                }
+                let mut ack = [0u8; 1];
+                hbone.read_exact(&mut ack).await.unwrap();
+            })
+        })
+    });
+    g.bench_function("hbone_asyncwrite", |b| {
+        b.iter(|| rt.block_on(bulk(&mut hbone, &block)))
+    });
+    g.finish();
+}
+
+async fn ping<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, msg: &[u8], buf: &mut [u8]) {
+    s.write_all(msg).await.unwrap();
+    s.flush().await.unwrap();
+    s.read_exact(buf).await.unwrap();
+}
+
+fn bench_round_trip(c: &mut Criterion) {
+    let rt = runtime();
+    let pki = Pki::new();
+    let (mut tcp, mut tls, mut hbone, _client) = rt.block_on(async {
+        let server = hbone_server(&pki).await;
+        let client = pki.client();
+        let tunnel = client.open(target(server, Peer::Echo)).await.unwrap();
+        (
+            tcp_pair(Peer::Echo).await,
+            tls_pair(&pki, Peer::Echo).await,
+            tunnel,
+            client,
+        )
+    });
+    let msg = [7u8; 1024];
+    let mut buf = [0u8; 1024];
+    let mut g = c.benchmark_group("round_trip_1kib");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("tcp", |b| {
+        b.iter(|| rt.block_on(ping(&mut tcp, &msg, &mut buf)))
+    });
+    g.bench_function("tls", |b| {
+        b.iter(|| rt.block_on(ping(&mut tls, &msg, &mut buf)))
+    });
+    g.bench_function("hbone", |b| {
+        b.iter(|| rt.block_on(ping(&mut hbone, &msg, &mut buf)))
+    });
+    g.finish();
+}
+
+fn bench_open(c: &mut Criterion) {
+    let rt = runtime();
+    let pki = Pki::new();
+    let (server, warm) = rt.block_on(async {
+        let server = hbone_server(&pki).await;
+        let client = pki.client();
+        drop(client.open(target(server, Peer::Echo)).await.unwrap());
+        (server, client)
+    });
+    let svid = pki.ca.issue(id(CLIENT));
+    let bundles = Arc::new(pki.ca.bundle_set());
+
+    let mut g = c.benchmark_group("tunnel_open");
+    g.throughput(Throughput::Elements(1));
+    // CONNECT + 200 on the pooled connection.
+    g.bench_function("warm", |b| {
+        b.iter(|| rt.block_on(async { drop(warm.open(target(server, Peer::Echo)).await.unwrap()) }))
+    });
+    // TCP + TLS 1.3 handshake + HTTP/2 handshake + CONNECT + 200, with a new client each time.
+    g.bench_function("cold", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let client = Client::new(ClientConfig::default(), svid.clone(), bundles.clone());
+                drop(client.open(target(server, Peer::Echo)).await.unwrap());
+            })
+        })
+    });
+    // Baseline for "cold": TCP + the same mutual-TLS handshake, nothing else.
+    let tls_config = Arc::new(pki.client_tls());
+    let tls_listener = rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls()));
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut tls) = acceptor.accept(s).await {
+                        let _ = tls.read(&mut [0u8; 1]).await;
+                    }
+                });
+            }
+        });
+        addr
+    });
+    g.bench_function("tls_handshake", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let s = TcpStream::connect(tls_listener).await.unwrap();
+                let mut tls = tokio_rustls::TlsConnector::from(tls_config.clone())
+                    .connect(
+                        rustls::pki_types::ServerName::IpAddress(tls_listener.ip().into()),
+                        s,
+                    )
+                    .await
+                    .unwrap();
+                tls.write_all(b"x").await.unwrap();
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_throughput, bench_round_trip, bench_open);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    report_ratios(&[
+        Ratio {
+            group: "bulk_64mib",
+            subject: "hbone",
+            baseline: "tls",
+        },
+        Ratio {
+            group: "bulk_64mib",
+            subject: "hbone_asyncwrite",
+            baseline: "tls",
+        },
+        Ratio {
+            group: "bulk_64mib",
+            subject: "tls",
+            baseline: "tcp",
+        },
+        Ratio {
+            group: "round_trip_1kib",
+            subject: "hbone",
+            baseline: "tls",
+        },
+        Ratio {
+            group: "tunnel_open",
+            subject: "cold",
+            baseline: "tls_handshake",
+        },
+    ]);
+}

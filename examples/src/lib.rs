@@ -1,0 +1,70 @@
+//! Shared pieces of meshkit's example binaries: loading credentials from PEM files and
+//! waiting for a stop signal.
+
+use std::path::Path;
+
+use meshkit_identity::{SpiffeId, TrustBundle, TrustBundleSet, TrustDomain, X509Svid};
+
+/// An error a person can act on: what failed and with which file or value.
+pub type CliError = Box<dyn std::error::Error + Send + Sync>;
+
+fn read(path: &Path, what: &str) -> Result<String, CliError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {what} file {}: {e}", path.display()).into())
+}
+
+/// Loads this workload's SVID from a PEM chain and a PEM key.
+///
+/// # Errors
+///
+/// Names the file that could not be read or the X509-SVID rule the certificate breaks.
+pub fn load_svid(cert: &Path, key: &Path) -> Result<X509Svid, CliError> {
+    let chain = read(cert, "certificate")?;
+    let key_pem = read(key, "private key")?;
+    X509Svid::from_pem(&chain, &key_pem).map_err(|e| {
+        format!(
+            "{} and {} are not a usable X.509-SVID: {e}",
+            cert.display(),
+            key.display()
+        )
+        .into()
+    })
+}
+
+/// Loads the CA bundle at `path` as the roots of `trust_domain`.
+///
+/// # Errors
+///
+/// Names the file and the problem.
+pub fn load_bundle(path: &Path, trust_domain: &TrustDomain) -> Result<TrustBundleSet, CliError> {
+    let pem = read(path, "CA bundle")?;
+    let bundle = TrustBundle::from_pem(trust_domain.clone(), &pem)
+        .map_err(|e| format!("CA bundle {}: {e}", path.display()))?;
+    Ok(bundle.into())
+}
+
+/// Parses a SPIFFE ID given on the command line, naming the flag on error.
+///
+/// # Errors
+///
+/// Says which flag held an invalid ID and why.
+pub fn parse_id(flag: &str, value: &str) -> Result<SpiffeId, CliError> {
+    value
+        .parse()
+        .map_err(|e| format!("{flag} {value:?} is not a SPIFFE ID: {e}").into())
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn stop_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
