@@ -124,6 +124,22 @@ async fn serve_peer<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, peer: Peer) {
     }
 }
 
+/// The HBONE sink consumes data as HTTP/2 delivers it (as the forwarder does), without
+/// copying it into a buffer of its own.
+async fn hbone_sink(tunnel: meshkit_hbone::Tunnel) {
+    let (mut recv, mut send) = tunnel.into_split();
+    let mut seen = 0usize;
+    while let Ok(Some(chunk)) = recv.chunk().await {
+        seen += chunk.len();
+        while seen >= BULK {
+            seen -= BULK;
+            if send.send(Bytes::from_static(&[1])).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// A raw TCP connection whose far end runs `peer`.
 async fn tcp_pair(peer: Peer) -> TcpStream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -166,12 +182,11 @@ async fn hbone_server(pki: &Pki) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = decide_fn(|req: meshkit_hbone::ConnectRequest| async move {
-        let peer = if req.target.port() == 1 {
-            Peer::Sink
+        if req.target.port() == 1 {
+            Decision::accept(hbone_sink)
         } else {
-            Peer::Echo
-        };
-        Decision::accept(move |tunnel| serve_peer(tunnel, peer))
+            Decision::accept(|tunnel| serve_peer(tunnel, Peer::Echo))
+        }
     });
     let server = Server::new(
         ServerConfig::default().with_h2(h2_settings()),

@@ -68,3 +68,33 @@ pub async fn stop_signal() {
         _ = term.recv() => {}
     }
 }
+
+/// A tokio runtime with `threads` worker threads; one thread means the current-thread
+/// scheduler (everything on the main thread, as a proxy pinned to one core runs).
+///
+/// # Errors
+///
+/// When the runtime cannot be built (for example, no threads can be spawned).
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    }
+}
+
+/// Logs to standard error, at `info` unless `RUST_LOG` says otherwise.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}

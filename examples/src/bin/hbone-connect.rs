@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use meshkit_examples::{CliError, load_bundle, load_svid, parse_id, stop_signal};
+use meshkit_examples::{
+    CliError, init_logging, load_bundle, load_svid, parse_id, runtime, stop_signal,
+};
 use meshkit_hbone::{Client, ClientConfig, Target, copy_bidirectional};
 use tokio::net::TcpListener;
 
@@ -41,6 +43,9 @@ struct Args {
     /// The SPIFFE ID the server must present.
     #[arg(long)]
     server_id: String,
+    /// Worker threads (1: everything on one thread).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 fn parse_pair(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
@@ -56,15 +61,13 @@ fn parse_pair(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
     Ok((listen, target))
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Args::parse()).await {
+fn main() -> ExitCode {
+    init_logging();
+    let args = Args::parse();
+    let result = runtime(args.threads)
+        .map_err(CliError::from)
+        .and_then(|rt| rt.block_on(run(args)));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("hbone-connect: {e}");

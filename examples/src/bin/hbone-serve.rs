@@ -13,7 +13,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use meshkit_examples::{CliError, load_bundle, load_svid, parse_id, stop_signal};
+use meshkit_examples::{
+    CliError, init_logging, load_bundle, load_svid, parse_id, runtime, stop_signal,
+};
 use meshkit_hbone::{ConnectRequest, Forward, Server, ServerConfig, decide_fn};
 use meshkit_identity::{Authorize, SingleIdentity, SpiffeVerifier, TlsSettings, TrustDomain};
 use tokio::net::TcpListener;
@@ -46,17 +48,18 @@ struct Args {
     /// Seconds open tunnels may keep running after a stop signal.
     #[arg(long, default_value_t = 10)]
     drain_seconds: u64,
+    /// Worker threads (1: everything on one thread).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Args::parse()).await {
+fn main() -> ExitCode {
+    init_logging();
+    let args = Args::parse();
+    let result = runtime(args.threads)
+        .map_err(CliError::from)
+        .and_then(|rt| rt.block_on(run(args)));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("hbone-serve: {e}");

@@ -1,0 +1,273 @@
+//! `hbone-connect` -> `hbone-serve` as two processes on loopback, as users run them: bytes
+//! through, one log line per tunnel with the verified peer, clean stop on SIGTERM, and errors a
+//! person can act on.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use meshkit_identity::test_util::TestCa;
+use meshkit_identity::{TrustDomain, certs_to_pem};
+
+const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
+const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("port {port} did not open");
+}
+
+fn wait_log(path: &Path, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(path).is_ok_and(|log| log.contains(needle)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{} never said {needle:?}", path.display());
+}
+
+fn key_pem(der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        lines.join("\n")
+    )
+}
+
+fn pki(dir: &Path) {
+    let ca = TestCa::new(TrustDomain::new("cluster.local").unwrap());
+    std::fs::write(dir.join("ca.crt"), ca.root_pem()).unwrap();
+    for (name, id) in [("client", CLIENT), ("server", SERVER)] {
+        let (chain, key) = ca.sign_params(&TestCa::leaf_params(&id.parse().unwrap()));
+        std::fs::write(dir.join(format!("{name}.crt")), certs_to_pem(&chain)).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key_pem(key.secret_der())).unwrap();
+    }
+}
+
+fn echo_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for sock in listener.incoming() {
+            let Ok(mut sock) = sock else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                loop {
+                    match sock.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if sock.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = sock.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    addr
+}
+
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("meshkit-tools-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn spawn(bin: &str, args: &[String], log: &Path) -> Proc {
+    Proc(
+        Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn terminate(p: &mut Proc) -> std::process::ExitStatus {
+    let pid = p.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(status) = p.0.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn connect_and_serve_tunnel_bytes_log_peers_and_stop_on_sigterm() {
+    let dir = temp_dir("pair");
+    pki(&dir);
+    let d = |f: &str| dir.join(f).display().to_string();
+    let backend = echo_backend();
+    let (hbone_port, local_port) = (free_port(), free_port());
+
+    let mut serve = spawn(
+        env!("CARGO_BIN_EXE_hbone-serve"),
+        &[
+            "--listen".into(),
+            format!("127.0.0.1:{hbone_port}"),
+            "--cert".into(),
+            d("server.crt"),
+            "--key".into(),
+            d("server.key"),
+            "--ca".into(),
+            d("ca.crt"),
+            "--allow-id".into(),
+            CLIENT.into(),
+        ],
+        &dir.join("serve.log"),
+    );
+    wait_port(hbone_port);
+    let mut connect = spawn(
+        env!("CARGO_BIN_EXE_hbone-connect"),
+        &[
+            "--listen".into(),
+            format!("127.0.0.1:{local_port}={backend}"),
+            "--upstream".into(),
+            format!("127.0.0.1:{hbone_port}"),
+            "--cert".into(),
+            d("client.crt"),
+            "--key".into(),
+            d("client.key"),
+            "--ca".into(),
+            d("ca.crt"),
+            "--server-id".into(),
+            SERVER.into(),
+        ],
+        &dir.join("connect.log"),
+    );
+    // Wait for its log line rather than probing the port: a probe would be a tunnel too.
+    wait_log(&dir.join("connect.log"), "hbone-connect listening");
+
+    for round in 0..3 {
+        let mut sock = TcpStream::connect(("127.0.0.1", local_port)).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let payload: Vec<u8> = (0..100_000u32).map(|i| (i + round) as u8).collect();
+        sock.write_all(&payload).unwrap();
+        sock.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut back = Vec::new();
+        sock.read_to_end(&mut back).unwrap();
+        assert_eq!(back, payload);
+    }
+
+    assert!(terminate(&mut connect).success());
+    assert!(terminate(&mut serve).success());
+    let serve_log = std::fs::read_to_string(dir.join("serve.log")).unwrap();
+    let connect_log = std::fs::read_to_string(dir.join("connect.log")).unwrap();
+    let tunnels = serve_log
+        .lines()
+        .filter(|l| l.contains("tunnel") && l.contains(CLIENT))
+        .count();
+    assert_eq!(
+        tunnels, 3,
+        "one line per tunnel with the peer:\n{serve_log}"
+    );
+    assert_eq!(
+        connect_log
+            .lines()
+            .filter(|l| l.contains("tunnel") && l.contains(SERVER))
+            .count(),
+        3,
+        "{connect_log}"
+    );
+    assert!(serve_log.contains("hbone-serve stopped"), "{serve_log}");
+}
+
+#[test]
+fn errors_name_what_to_fix() {
+    let dir = temp_dir("errors");
+    pki(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_hbone-serve"))
+        .args([
+            "--cert",
+            "/nonexistent/server.crt",
+            "--key",
+            "k",
+            "--ca",
+            "c",
+        ])
+        .args(["--allow-id", CLIENT])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read certificate file /nonexistent/server.crt"),
+        "{err}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_hbone-connect"))
+        .args([
+            "--listen",
+            "127.0.0.1:1=127.0.0.1:2",
+            "--upstream",
+            "127.0.0.1:3",
+        ])
+        .args(["--cert", &dir.join("client.crt").display().to_string()])
+        .args(["--key", &dir.join("client.key").display().to_string()])
+        .args(["--ca", &dir.join("ca.crt").display().to_string()])
+        .args(["--server-id", "spiffe://Cluster.local/x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--server-id") && err.contains("trust domain"),
+        "{err}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_hbone-connect"))
+        .args(["--listen", "nonsense"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected LISTEN=TARGET"));
+}
