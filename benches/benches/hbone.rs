@@ -269,7 +269,16 @@ async fn ping<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, msg: &[u8], buf: &mu
 }
 
 fn bench_round_trip(c: &mut Criterion) {
-    let rt = runtime();
+    round_trip_group(c, "round_trip_1kib", runtime());
+    // Everything on one thread: no cross-thread wake-ups between the tasks on the path.
+    let one = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    round_trip_group(c, "round_trip_1kib_1thread", one);
+}
+
+fn round_trip_group(c: &mut Criterion, name: &str, rt: Runtime) {
     let pki = Pki::new();
     let (mut tcp, mut tls, mut hbone, _client) = rt.block_on(async {
         let server = hbone_server(&pki).await;
@@ -284,7 +293,7 @@ fn bench_round_trip(c: &mut Criterion) {
     });
     let msg = [7u8; 1024];
     let mut buf = [0u8; 1024];
-    let mut g = c.benchmark_group("round_trip_1kib");
+    let mut g = c.benchmark_group(name);
     g.throughput(Throughput::Elements(1));
     g.bench_function("tcp", |b| {
         b.iter(|| rt.block_on(ping(&mut tcp, &msg, &mut buf)))
@@ -385,6 +394,11 @@ fn main() {
         },
         Ratio {
             group: "round_trip_1kib",
+            subject: "hbone",
+            baseline: "tls",
+        },
+        Ratio {
+            group: "round_trip_1kib_1thread",
             subject: "hbone",
             baseline: "tls",
         },

@@ -1,0 +1,8 @@
+#![no_main]
+//! Any bytes as a Delta response to a session watching clusters: never panics, always answered.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    assert!(meshkit_xds_client::protocol::fuzz_response(
+        meshkit_xds_client::protocol::Mode::Delta,
+        data
+    ));
+});

@@ -1,0 +1,1053 @@
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use foldhash::{HashMap as FastMap, HashSet as FastSet};
+
+use super::decode::{
+    Checked, Rejection, check_sotw_any, check_wrapped, nack_status, reject_duplicates, summarize,
+};
+use crate::resource::{AnyResource, ResourceType};
+
+/// The wildcard subscription name (xDS: an explicit `*`).
+const WILDCARD: &str = "*";
+
+/// Which ADS variant a session speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// State of the World: `StreamAggregatedResources`; every response carries the full set.
+    StateOfTheWorld,
+    /// Incremental: `DeltaAggregatedResources`; responses carry changes and removals.
+    Delta,
+}
+
+/// Configuration of a [`Session`].
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    mode: Mode,
+    node: Option<Node>,
+    does_not_exist_timeout: Duration,
+}
+
+/// A request for the caller to send on the current stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    /// On a `StreamAggregatedResources` stream.
+    Sotw(DiscoveryRequest),
+    /// On a `DeltaAggregatedResources` stream.
+    Delta(DeltaDiscoveryRequest),
+}
+
+/// A response received on the current stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    /// From a `StreamAggregatedResources` stream.
+    Sotw(DiscoveryResponse),
+    /// From a `DeltaAggregatedResources` stream.
+    Delta(DeltaDiscoveryResponse),
+}
+
+/// Something watchers need to know.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Event {
+    /// A resource was added or changed (never emitted when a response repeats it unchanged).
+    Updated {
+        /// Its type URL.
+        type_url: &'static str,
+        /// Its name.
+        name: String,
+        /// Its version (Delta: the resource's; SotW: the response's).
+        version: String,
+        /// The decoded, validated value.
+        resource: AnyResource,
+    },
+    /// A resource is gone, or was never there.
+    Removed {
+        /// Its type URL.
+        type_url: &'static str,
+        /// Its name.
+        name: String,
+        /// Why.
+        reason: RemovalReason,
+    },
+    /// A resource was rejected (and NACKed); the last good value, if any, stays in use.
+    Rejected {
+        /// Its type URL.
+        type_url: &'static str,
+        /// Its name, unless it could not be decoded far enough to know it.
+        name: Option<String>,
+        /// Why it was rejected.
+        error: String,
+    },
+}
+
+/// Why a resource was removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RemovalReason {
+    /// The server deleted it (Delta `removed_resources`; SotW absence of a Listener/Cluster).
+    Deleted,
+    /// It was never received within the does-not-exist timeout of a connected stream.
+    DoesNotExist,
+    /// Its TTL expired without a heartbeat.
+    TtlExpired,
+}
+
+/// The sans-I/O ADS client state machine. See the [module docs](crate::protocol).
+pub struct Session {
+    config: SessionConfig,
+    types: HashMap<String, TypeState>,
+    connected: bool,
+    node_sent: bool,
+    acks: VecDeque<Ack>,
+    dirty: VecDeque<String>,
+    events: VecDeque<Event>,
+    timers: BTreeSet<Timer>,
+}
+
+/// Per type URL state.
+#[derive(Default)]
+struct TypeState {
+    /// Set once somebody subscribes; `None` for types only the server mentioned.
+    kind: Option<ResourceType>,
+    wildcard: bool,
+    names: BTreeSet<String>,
+    /// Cache and per-name protocol state; holds every subscribed name and every cached one.
+    entries: FastMap<String, Entry>,
+    /// SotW: last accepted version.
+    version: String,
+    /// Last nonce received on the current stream.
+    nonce: String,
+    /// What the server knows of our subscriptions on this stream; `None`: nothing sent yet.
+    sent: Option<Sent>,
+    /// Names (or `*`) whose subscription changed since the last request.
+    changed: BTreeSet<String>,
+    /// Queued in `Session::dirty`.
+    dirty: bool,
+}
+
+#[derive(Default)]
+struct Sent {
+    wildcard: bool,
+    names: BTreeSet<String>,
+}
+
+#[derive(Default)]
+struct Entry {
+    cached: Option<Cached>,
+    /// The latest version received was rejected.
+    rejected: bool,
+    /// Already reported as non-existent or deleted.
+    absent: bool,
+    dne_deadline: Option<Instant>,
+    ttl_deadline: Option<Instant>,
+}
+
+struct Cached {
+    value: AnyResource,
+    version: String,
+    hash: u64,
+}
+
+struct Ack {
+    type_url: String,
+    version: String,
+    nonce: String,
+    error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Timer {
+    at: Instant,
+    kind: TimerKind,
+    type_url: String,
+    name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerKind {
+    DoesNotExist,
+    Ttl,
+}
+
+/// The subscription change to put on the wire.
+struct Diff {
+    first: bool,
+    subscribe: Vec<String>,
+    unsubscribe: Vec<String>,
+}
+
+// === impl SessionConfig ===
+
+impl SessionConfig {
+    /// Defaults: no node, a does-not-exist timeout of 15 s (Envoy's and gRPC's).
+    pub fn new(mode: Mode) -> Self {
+        Self {
+            mode,
+            node: None,
+            does_not_exist_timeout: Duration::from_secs(15),
+        }
+    }
+
+    /// The node sent on the first request of each stream.
+    pub fn node(mut self, node: Node) -> Self {
+        self.node = Some(node);
+        self
+    }
+
+    /// How long after a request a named resource that has not arrived is declared
+    /// non-existent (default 15 s).
+    pub fn does_not_exist_timeout(mut self, timeout: Duration) -> Self {
+        self.does_not_exist_timeout = timeout;
+        self
+    }
+
+    /// The ADS variant.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
+// === impl Event ===
+
+impl Event {
+    /// The type URL of the resource concerned.
+    pub fn type_url(&self) -> &'static str {
+        match self {
+            Event::Updated { type_url, .. }
+            | Event::Removed { type_url, .. }
+            | Event::Rejected { type_url, .. } => type_url,
+        }
+    }
+
+    /// The name of the resource concerned, if known.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Event::Updated { name, .. } | Event::Removed { name, .. } => Some(name),
+            Event::Rejected { name, .. } => name.as_deref(),
+        }
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Event::Updated {
+                type_url,
+                name,
+                version,
+                ..
+            } => f
+                .debug_struct("Updated")
+                .field("type_url", type_url)
+                .field("name", name)
+                .field("version", version)
+                .finish_non_exhaustive(),
+            Event::Removed {
+                type_url,
+                name,
+                reason,
+            } => f
+                .debug_struct("Removed")
+                .field("type_url", type_url)
+                .field("name", name)
+                .field("reason", reason)
+                .finish(),
+            Event::Rejected {
+                type_url,
+                name,
+                error,
+            } => f
+                .debug_struct("Rejected")
+                .field("type_url", type_url)
+                .field("name", name)
+                .field("error", error)
+                .finish(),
+        }
+    }
+}
+
+// === impl Session ===
+
+impl Session {
+    /// A session with no subscriptions and no stream.
+    pub fn new(config: SessionConfig) -> Self {
+        Self {
+            config,
+            types: HashMap::new(),
+            connected: false,
+            node_sent: false,
+            acks: VecDeque::new(),
+            dirty: VecDeque::new(),
+            events: VecDeque::new(),
+            timers: BTreeSet::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// Whether a stream is up (between [`on_connected`](Self::on_connected) and
+    /// [`on_disconnected`](Self::on_disconnected)).
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
+    /// Subscribes to one resource by name; `*` means [`subscribe_wildcard`](Self::subscribe_wildcard).
+    /// Subscriptions are sets: subscribing twice is subscribing once.
+    pub fn subscribe(&mut self, kind: ResourceType, name: &str) {
+        if name == WILDCARD {
+            return self.subscribe_wildcard(kind);
+        }
+        let ts = self.type_state(kind);
+        if ts.names.insert(name.to_owned()) {
+            ts.changed.insert(name.to_owned());
+            ts.entries.entry(name.to_owned()).or_default();
+            self.mark_dirty(kind.type_url());
+        }
+    }
+
+    /// Removes a named subscription. The cached value is dropped when the change is sent, so an
+    /// unsubscribe followed by a subscribe before the next [`poll_request`](Self::poll_request)
+    /// keeps it.
+    pub fn unsubscribe(&mut self, type_url: &str, name: &str) {
+        if name == WILDCARD {
+            return self.unsubscribe_wildcard(type_url);
+        }
+        let Some(ts) = self.types.get_mut(type_url) else {
+            return;
+        };
+        if ts.names.remove(name) {
+            ts.changed.insert(name.to_owned());
+            if let Some(e) = ts.entries.get_mut(name) {
+                cancel_dne(&mut self.timers, type_url, name, e);
+            }
+            self.mark_dirty(type_url);
+        }
+    }
+
+    /// Subscribes to every resource of a type (an explicit `*` on the wire).
+    pub fn subscribe_wildcard(&mut self, kind: ResourceType) {
+        let ts = self.type_state(kind);
+        if !ts.wildcard {
+            ts.wildcard = true;
+            ts.changed.insert(WILDCARD.to_owned());
+            self.mark_dirty(kind.type_url());
+        }
+    }
+
+    /// Removes the wildcard subscription of a type; named subscriptions stay.
+    pub fn unsubscribe_wildcard(&mut self, type_url: &str) {
+        let Some(ts) = self.types.get_mut(type_url) else {
+            return;
+        };
+        if ts.wildcard {
+            ts.wildcard = false;
+            ts.changed.insert(WILDCARD.to_owned());
+            self.mark_dirty(type_url);
+        }
+    }
+
+    /// The cached value of a resource, if any.
+    pub fn resource(&self, type_url: &str, name: &str) -> Option<&AnyResource> {
+        let e = self.types.get(type_url)?.entries.get(name)?;
+        e.cached.as_ref().map(|c| &c.value)
+    }
+
+    /// The version of a cached resource (Delta: the resource's; SotW: its response's).
+    pub fn resource_version(&self, type_url: &str, name: &str) -> Option<&str> {
+        let e = self.types.get(type_url)?.entries.get(name)?;
+        e.cached.as_ref().map(|c| c.version.as_str())
+    }
+
+    /// Every cached resource of a type.
+    pub fn resources<'a>(
+        &'a self,
+        type_url: &str,
+    ) -> impl Iterator<Item = (&'a str, &'a AnyResource)> + 'a {
+        self.types
+            .get(type_url)
+            .into_iter()
+            .flat_map(|ts| ts.entries.iter())
+            .filter_map(|(n, e)| e.cached.as_ref().map(|c| (n.as_str(), &c.value)))
+    }
+
+    /// Whether a named resource has been reported as non-existent (or deleted) and not seen
+    /// since.
+    pub fn is_absent(&self, type_url: &str, name: &str) -> bool {
+        self.types
+            .get(type_url)
+            .and_then(|ts| ts.entries.get(name))
+            .is_some_and(|e| e.absent)
+    }
+
+    /// Number of cached resources over all types.
+    pub fn cached_len(&self) -> usize {
+        self.types
+            .values()
+            .map(|ts| ts.entries.values().filter(|e| e.cached.is_some()).count())
+            .sum()
+    }
+
+    /// SotW: the last accepted version of a type.
+    pub fn version(&self, type_url: &str) -> Option<&str> {
+        self.types.get(type_url).map(|ts| ts.version.as_str())
+    }
+
+    /// A new stream is up: every subscription will be sent again, the node goes on its first
+    /// request, and nonces of the previous stream are forgotten.
+    pub fn on_connected(&mut self, _now: Instant) {
+        self.connected = true;
+        self.node_sent = false;
+        self.acks.clear();
+        let mut dirty = Vec::new();
+        for (url, ts) in &mut self.types {
+            ts.nonce.clear();
+            ts.sent = None;
+            if ts.wildcard || !ts.names.is_empty() || !ts.changed.is_empty() {
+                dirty.push(url.clone());
+            }
+        }
+        dirty.sort();
+        for url in dirty {
+            self.mark_dirty(&url);
+        }
+    }
+
+    /// The stream is gone. Does-not-exist timers stop (they never run during backoff); TTL
+    /// timers keep running, since TTL exists to outlive an unreachable server.
+    pub fn on_disconnected(&mut self) {
+        self.connected = false;
+        self.acks.clear();
+        let dne: Vec<Timer> = self
+            .timers
+            .iter()
+            .filter(|t| t.kind == TimerKind::DoesNotExist)
+            .cloned()
+            .collect();
+        for t in dne {
+            self.timers.remove(&t);
+            if let Some(e) = self
+                .types
+                .get_mut(&t.type_url)
+                .and_then(|ts| ts.entries.get_mut(&t.name))
+            {
+                e.dne_deadline = None;
+            }
+        }
+    }
+
+    /// The next request to send, if any. `now` arms the does-not-exist timers of the names it
+    /// carries. Returns `None` while disconnected.
+    pub fn poll_request(&mut self, now: Instant) -> Option<Request> {
+        if !self.connected {
+            return None;
+        }
+        let mut req = None;
+        if let Some(ack) = self.acks.pop_front() {
+            req = match self.config.mode {
+                Mode::StateOfTheWorld => {
+                    let url = ack.type_url.clone();
+                    self.build_sotw(&url, now, Some(ack)).map(Request::Sotw)
+                }
+                Mode::Delta => Some(Request::Delta(DeltaDiscoveryRequest {
+                    type_url: ack.type_url,
+                    response_nonce: ack.nonce,
+                    error_detail: ack.error.map(nack_status),
+                    ..Default::default()
+                })),
+            };
+        }
+        while req.is_none() {
+            let url = self.dirty.pop_front()?;
+            let Some(ts) = self.types.get_mut(&url) else {
+                continue;
+            };
+            if !ts.dirty {
+                continue;
+            }
+            req = match self.config.mode {
+                Mode::StateOfTheWorld => self.build_sotw(&url, now, None).map(Request::Sotw),
+                Mode::Delta => self.build_delta(&url, now).map(Request::Delta),
+            };
+        }
+        let mut req = req?;
+        if !self.node_sent {
+            self.node_sent = true;
+            let node = self.config.node.clone();
+            match &mut req {
+                Request::Sotw(r) => r.node = node,
+                Request::Delta(r) => r.node = node,
+            }
+        }
+        Some(req)
+    }
+
+    /// The next event for watchers, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The earliest timer deadline; call [`handle_timeout`](Self::handle_timeout) then.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.first().map(|t| t.at)
+    }
+
+    /// Fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while self.timers.first().is_some_and(|t| t.at <= now) {
+            let Some(t) = self.timers.pop_first() else {
+                break;
+            };
+            let Some(ts) = self.types.get_mut(&t.type_url) else {
+                continue;
+            };
+            let Some(kind) = ts.kind else { continue };
+            let covered = ts.wildcard || ts.names.contains(&t.name);
+            let Some(e) = ts.entries.get_mut(&t.name) else {
+                continue;
+            };
+            match t.kind {
+                TimerKind::DoesNotExist if e.dne_deadline == Some(t.at) => {
+                    e.dne_deadline = None;
+                    if e.cached.is_none() && !e.absent {
+                        e.absent = true;
+                        self.events.push_back(Event::Removed {
+                            type_url: kind.type_url(),
+                            name: t.name,
+                            reason: RemovalReason::DoesNotExist,
+                        });
+                    }
+                }
+                TimerKind::Ttl if e.ttl_deadline == Some(t.at) => {
+                    e.ttl_deadline = None;
+                    if e.cached.take().is_some() {
+                        e.absent = true;
+                        if !ts.names.contains(&t.name) {
+                            ts.entries.remove(&t.name);
+                        }
+                        if covered {
+                            self.events.push_back(Event::Removed {
+                                type_url: kind.type_url(),
+                                name: t.name,
+                                reason: RemovalReason::TtlExpired,
+                            });
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Applies a response from the server, queueing its ACK or NACK and the resulting events.
+    /// A response of the other ADS variant than the session's is ignored.
+    pub fn handle_response(&mut self, now: Instant, response: Response) {
+        match (self.config.mode, response) {
+            (Mode::StateOfTheWorld, Response::Sotw(r)) => self.handle_sotw(now, r),
+            (Mode::Delta, Response::Delta(r)) => self.handle_delta(now, r),
+            _ => tracing::warn!("xds: response of the wrong ADS variant ignored"),
+        }
+    }
+
+    fn handle_sotw(&mut self, now: Instant, resp: DiscoveryResponse) {
+        let ts = self.types.entry(resp.type_url.clone()).or_default();
+        ts.nonce.clone_from(&resp.nonce);
+        let Some(kind) = ts.kind.filter(|_| ts.wildcard || !ts.names.is_empty()) else {
+            // Nobody watches this type: answer with the nonce, keep nothing.
+            self.acks.push_back(Ack {
+                type_url: resp.type_url,
+                version: resp.version_info,
+                nonce: resp.nonce,
+                error: None,
+            });
+            return;
+        };
+        let mut errors: Vec<Rejection> = Vec::new();
+        let mut checked: Vec<Checked> = Vec::with_capacity(resp.resources.len());
+        let mut unnamed_errors = false;
+        for (i, any) in resp.resources.iter().enumerate() {
+            match check_sotw_any(&kind, any, &resp.version_info) {
+                Ok(c) => checked.push(c),
+                Err((Some(name), why)) => {
+                    errors.push((Some(name), why));
+                }
+                Err((None, why)) => {
+                    unnamed_errors = true;
+                    errors.push((None, format!("resource #{i}: {why}")));
+                }
+            }
+        }
+        reject_duplicates(&mut checked, &mut errors, &[]);
+        // Listener and Cluster: what the response leaves out is deleted. Rejected names count as
+        // present (their last good value stays); if a resource could not even be named, nothing
+        // is deleted, since it may be any of them.
+        let mut gone = Vec::new();
+        if kind.all_resources_required_in_sotw() && !unnamed_errors {
+            let present: FastSet<&str> = checked
+                .iter()
+                .map(|c| c.name.as_str())
+                .chain(errors.iter().filter_map(|(n, _)| n.as_deref()))
+                .collect();
+            gone.extend(
+                ts.entries
+                    .iter()
+                    .filter(|(n, e)| {
+                        !present.contains(n.as_str())
+                            && (ts.wildcard || ts.names.contains(*n))
+                            && (e.cached.is_some() || (!e.absent && !e.rejected))
+                    })
+                    .map(|(n, _)| n.clone()),
+            );
+        }
+        self.apply(now, kind, checked, &errors);
+        let Some(ts) = self.types.get_mut(kind.type_url()) else {
+            return;
+        };
+        for name in gone {
+            remove_entry(ts, &mut self.timers, &mut self.events, kind, &name);
+        }
+        let error = summarize(&errors);
+        if error.is_none() {
+            ts.version.clone_from(&resp.version_info);
+        }
+        self.acks.push_back(Ack {
+            type_url: resp.type_url,
+            version: if error.is_none() {
+                resp.version_info
+            } else {
+                ts.version.clone()
+            },
+            nonce: resp.nonce,
+            error,
+        });
+    }
+
+    fn handle_delta(&mut self, now: Instant, resp: DeltaDiscoveryResponse) {
+        let ts = self.types.entry(resp.type_url.clone()).or_default();
+        ts.nonce.clone_from(&resp.nonce);
+        let Some(kind) = ts.kind.filter(|_| ts.wildcard || !ts.names.is_empty()) else {
+            self.acks.push_back(Ack {
+                type_url: resp.type_url,
+                version: String::new(),
+                nonce: resp.nonce,
+                error: None,
+            });
+            return;
+        };
+        let mut errors: Vec<Rejection> = Vec::new();
+        let mut checked: Vec<Checked> = Vec::with_capacity(resp.resources.len());
+        for (i, r) in resp.resources.into_iter().enumerate() {
+            match check_wrapped(&kind, r, None) {
+                Ok(c) => checked.push(c),
+                Err((Some(name), why)) => errors.push((Some(name), why)),
+                Err((None, why)) => errors.push((None, format!("resource #{i}: {why}"))),
+            }
+        }
+        let mut removed: Vec<String> = resp.removed_resources;
+        removed.extend(
+            resp.removed_resource_names
+                .into_iter()
+                .map(|n| n.name)
+                .filter(|n| !n.is_empty()),
+        );
+        let rejected = reject_duplicates(&mut checked, &mut errors, &removed);
+        self.apply(now, kind, checked, &errors);
+        let Some(ts) = self.types.get_mut(kind.type_url()) else {
+            return;
+        };
+        for name in removed {
+            if rejected.contains(&name) || !(ts.wildcard || ts.names.contains(&name)) {
+                continue;
+            }
+            remove_entry(ts, &mut self.timers, &mut self.events, kind, &name);
+        }
+        self.acks.push_back(Ack {
+            type_url: resp.type_url,
+            version: String::new(),
+            nonce: resp.nonce,
+            error: summarize(&errors),
+        });
+    }
+
+    /// Applies the valid resources of a response and records the rejected ones.
+    fn apply(
+        &mut self,
+        now: Instant,
+        kind: ResourceType,
+        checked: Vec<Checked>,
+        errors: &[Rejection],
+    ) {
+        let type_url = kind.type_url();
+        let Some(ts) = self.types.get_mut(type_url) else {
+            return;
+        };
+        let timers = &mut self.timers;
+        for c in checked {
+            if !(ts.wildcard || ts.names.contains(&c.name)) {
+                continue;
+            }
+            if c.body.is_none() && !ts.entries.contains_key(&c.name) {
+                continue; // a heartbeat for something we do not have
+            }
+            let e = ts.entries.entry(c.name.clone()).or_default();
+            let Some((value, hash)) = c.body else {
+                if e.cached.is_some() {
+                    set_ttl(
+                        timers,
+                        type_url,
+                        &c.name,
+                        e,
+                        c.ttl.and_then(|d| now.checked_add(d)),
+                    );
+                }
+                continue;
+            };
+            cancel_dne(timers, type_url, &c.name, e);
+            set_ttl(
+                timers,
+                type_url,
+                &c.name,
+                e,
+                c.ttl.and_then(|d| now.checked_add(d)),
+            );
+            e.absent = false;
+            e.rejected = false;
+            match &mut e.cached {
+                Some(cached) if cached.hash == hash => cached.version = c.version,
+                slot => {
+                    *slot = Some(Cached {
+                        value: value.clone(),
+                        version: c.version.clone(),
+                        hash,
+                    });
+                    self.events.push_back(Event::Updated {
+                        type_url,
+                        name: c.name,
+                        version: c.version,
+                        resource: value,
+                    });
+                }
+            }
+        }
+        for (name, why) in errors {
+            if let Some(name) = name {
+                if !(ts.wildcard || ts.names.contains(name)) {
+                    continue;
+                }
+                let e = ts.entries.entry(name.clone()).or_default();
+                // It exists, it is just wrong: never report it as non-existent.
+                cancel_dne(timers, type_url, name, e);
+                e.rejected = true;
+            }
+            self.events.push_back(Event::Rejected {
+                type_url,
+                name: name.clone(),
+                error: why.clone(),
+            });
+        }
+    }
+
+    fn build_sotw(
+        &mut self,
+        url: &str,
+        now: Instant,
+        ack: Option<Ack>,
+    ) -> Option<DiscoveryRequest> {
+        let timeout = self.config.does_not_exist_timeout;
+        let ts = self.types.get_mut(url)?;
+        ts.dirty = false;
+        let diff = diff_subscriptions(ts, &mut self.timers, url);
+        if ack.is_none() {
+            let nothing_wanted = !ts.wildcard && ts.names.is_empty();
+            // An empty first request would mean the legacy wildcard: send nothing instead.
+            if (diff.first && nothing_wanted)
+                || (!diff.first && diff.subscribe.is_empty() && diff.unsubscribe.is_empty())
+            {
+                return None;
+            }
+        }
+        arm_dne(ts, &mut self.timers, url, &diff.subscribe, now, timeout);
+        let mut names = Vec::with_capacity(ts.names.len() + 1);
+        if ts.wildcard {
+            names.push(WILDCARD.to_owned());
+        }
+        names.extend(ts.names.iter().cloned());
+        let (version, nonce, error) = match ack {
+            Some(a) => (a.version, a.nonce, a.error),
+            None => (ts.version.clone(), ts.nonce.clone(), None),
+        };
+        Some(DiscoveryRequest {
+            version_info: version,
+            resource_names: names,
+            type_url: url.to_owned(),
+            response_nonce: nonce,
+            error_detail: error.map(nack_status),
+            ..Default::default()
+        })
+    }
+
+    fn build_delta(&mut self, url: &str, now: Instant) -> Option<DeltaDiscoveryRequest> {
+        let timeout = self.config.does_not_exist_timeout;
+        let ts = self.types.get_mut(url)?;
+        ts.dirty = false;
+        let diff = diff_subscriptions(ts, &mut self.timers, url);
+        if diff.subscribe.is_empty() && diff.unsubscribe.is_empty() {
+            return None;
+        }
+        let mut initial = HashMap::new();
+        if diff.first {
+            // What we hold, so the server need not resend it; never what we rejected.
+            for (name, e) in &ts.entries {
+                if let Some(c) = &e.cached
+                    && !e.rejected
+                    && (ts.wildcard || ts.names.contains(name))
+                {
+                    initial.insert(name.clone(), c.version.clone());
+                }
+            }
+        }
+        arm_dne(ts, &mut self.timers, url, &diff.subscribe, now, timeout);
+        // Subscription changes carry no nonce: they answer no response.
+        Some(DeltaDiscoveryRequest {
+            type_url: url.to_owned(),
+            resource_names_subscribe: diff.subscribe,
+            resource_names_unsubscribe: diff.unsubscribe,
+            initial_resource_versions: initial,
+            ..Default::default()
+        })
+    }
+
+    fn type_state(&mut self, kind: ResourceType) -> &mut TypeState {
+        let ts = self.types.entry(kind.type_url().to_owned()).or_default();
+        ts.kind.get_or_insert(kind);
+        ts
+    }
+
+    fn mark_dirty(&mut self, type_url: &str) {
+        if let Some(ts) = self.types.get_mut(type_url)
+            && !ts.dirty
+        {
+            ts.dirty = true;
+            self.dirty.push_back(type_url.to_owned());
+        }
+    }
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("mode", &self.config.mode)
+            .field("connected", &self.connected)
+            .field("types", &self.types.len())
+            .field("cached", &self.cached_len())
+            .finish_non_exhaustive()
+    }
+}
+
+// === helpers ===
+
+/// The subscription change since the last request, and the cache entries it drops.
+fn diff_subscriptions(ts: &mut TypeState, timers: &mut BTreeSet<Timer>, url: &str) -> Diff {
+    let changed = std::mem::take(&mut ts.changed);
+    let TypeState {
+        wildcard,
+        names,
+        entries,
+        sent,
+        ..
+    } = ts;
+    let wildcard = *wildcard;
+    for n in &changed {
+        if n == WILDCARD {
+            if !wildcard {
+                entries.retain(|k, e| {
+                    let keep = names.contains(k);
+                    if !keep {
+                        drop_timers(timers, url, k, e);
+                    }
+                    keep
+                });
+            }
+        } else if !wildcard
+            && !names.contains(n)
+            && let Some(e) = entries.remove(n)
+        {
+            drop_timers(timers, url, n, &e);
+        }
+    }
+    match sent {
+        None => {
+            let mut subscribe = Vec::with_capacity(names.len() + 1);
+            if wildcard {
+                subscribe.push(WILDCARD.to_owned());
+            }
+            subscribe.extend(names.iter().cloned());
+            *sent = Some(Sent {
+                wildcard,
+                names: names.clone(),
+            });
+            Diff {
+                first: true,
+                subscribe,
+                unsubscribe: Vec::new(),
+            }
+        }
+        Some(sent) => {
+            let mut diff = Diff {
+                first: false,
+                subscribe: Vec::new(),
+                unsubscribe: Vec::new(),
+            };
+            for n in changed {
+                let (want, have) = if n == WILDCARD {
+                    (wildcard, sent.wildcard)
+                } else {
+                    (names.contains(&n), sent.names.contains(&n))
+                };
+                if want == have {
+                    continue;
+                }
+                if n == WILDCARD {
+                    sent.wildcard = want;
+                } else if want {
+                    sent.names.insert(n.clone());
+                } else {
+                    sent.names.remove(&n);
+                }
+                if want {
+                    diff.subscribe.push(n);
+                } else {
+                    diff.unsubscribe.push(n);
+                }
+            }
+            diff
+        }
+    }
+}
+
+/// Arms the does-not-exist timer of each just-requested name that we do not hold.
+fn arm_dne(
+    ts: &mut TypeState,
+    timers: &mut BTreeSet<Timer>,
+    url: &str,
+    names: &[String],
+    now: Instant,
+    timeout: Duration,
+) {
+    let Some(at) = now.checked_add(timeout) else {
+        return;
+    };
+    for n in names {
+        let Some(e) = ts.entries.get_mut(n) else {
+            continue;
+        };
+        if e.cached.is_none() && !e.rejected && !e.absent && e.dne_deadline.is_none() {
+            e.dne_deadline = Some(at);
+            timers.insert(Timer {
+                at,
+                kind: TimerKind::DoesNotExist,
+                type_url: url.to_owned(),
+                name: n.clone(),
+            });
+        }
+    }
+}
+
+fn cancel_dne(timers: &mut BTreeSet<Timer>, url: &str, name: &str, e: &mut Entry) {
+    if let Some(at) = e.dne_deadline.take() {
+        timers.remove(&Timer {
+            at,
+            kind: TimerKind::DoesNotExist,
+            type_url: url.to_owned(),
+            name: name.to_owned(),
+        });
+    }
+}
+
+fn set_ttl(
+    timers: &mut BTreeSet<Timer>,
+    url: &str,
+    name: &str,
+    e: &mut Entry,
+    at: Option<Instant>,
+) {
+    if e.ttl_deadline == at {
+        return;
+    }
+    if let Some(old) = e.ttl_deadline.take() {
+        timers.remove(&Timer {
+            at: old,
+            kind: TimerKind::Ttl,
+            type_url: url.to_owned(),
+            name: name.to_owned(),
+        });
+    }
+    if let Some(at) = at {
+        e.ttl_deadline = Some(at);
+        timers.insert(Timer {
+            at,
+            kind: TimerKind::Ttl,
+            type_url: url.to_owned(),
+            name: name.to_owned(),
+        });
+    }
+}
+
+fn drop_timers(timers: &mut BTreeSet<Timer>, url: &str, name: &str, e: &Entry) {
+    for (at, kind) in [
+        (e.dne_deadline, TimerKind::DoesNotExist),
+        (e.ttl_deadline, TimerKind::Ttl),
+    ] {
+        if let Some(at) = at {
+            timers.remove(&Timer {
+                at,
+                kind,
+                type_url: url.to_owned(),
+                name: name.to_owned(),
+            });
+        }
+    }
+}
+
+/// The server says a resource is gone (SotW absence of a required type, or Delta removal).
+fn remove_entry(
+    ts: &mut TypeState,
+    timers: &mut BTreeSet<Timer>,
+    events: &mut VecDeque<Event>,
+    kind: ResourceType,
+    name: &str,
+) {
+    let named = ts.names.contains(name);
+    let Some(e) = ts.entries.get_mut(name) else {
+        return;
+    };
+    cancel_dne(timers, kind.type_url(), name, e);
+    set_ttl(timers, kind.type_url(), name, e, None);
+    let had = e.cached.take().is_some();
+    let was_absent = e.absent;
+    e.absent = true;
+    e.rejected = false;
+    if !named {
+        ts.entries.remove(name);
+    }
+    let reason = if had {
+        RemovalReason::Deleted
+    } else if named && !was_absent {
+        RemovalReason::DoesNotExist
+    } else {
+        return;
+    };
+    events.push_back(Event::Removed {
+        type_url: kind.type_url(),
+        name: name.to_owned(),
+        reason,
+    });
+}
