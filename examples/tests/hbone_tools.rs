@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use meshkit_identity::test_util::TestCa;
-use meshkit_identity::{TrustDomain, certs_to_pem};
+use meshkit_identity::{TrustDomain, certs_to_pem, private_key_to_pem};
 
 const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
 const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
@@ -53,19 +53,6 @@ fn wait_log(path: &Path, needle: &str) {
     panic!("{} never said {needle:?}", path.display());
 }
 
-fn key_pem(der: &[u8]) -> String {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let lines: Vec<&str> = b64
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    format!(
-        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-        lines.join("\n")
-    )
-}
 
 fn pki(dir: &Path) {
     let ca = TestCa::new(TrustDomain::new("cluster.local").unwrap());
@@ -73,7 +60,7 @@ fn pki(dir: &Path) {
     for (name, id) in [("client", CLIENT), ("server", SERVER)] {
         let (chain, key) = ca.sign_params(&TestCa::leaf_params(&id.parse().unwrap()));
         std::fs::write(dir.join(format!("{name}.crt")), certs_to_pem(&chain)).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key_pem(key.secret_der())).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), private_key_to_pem(&key)).unwrap();
     }
 }
 

@@ -19,7 +19,7 @@ use meshkit_hbone::{
 };
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
-    Authorize, SingleIdentity, SpiffeId, TlsSettings, TrustDomain, certs_to_pem,
+    Authorize, SingleIdentity, SpiffeId, TlsSettings, TrustDomain, certs_to_pem, private_key_to_pem,
 };
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -105,22 +105,8 @@ fn write_pki(ca: &TestCa, dir: &Path, ids: &[(&str, &str)]) {
     for (name, id) in ids {
         let (chain, key) = ca.sign_params(&TestCa::leaf_params(&id.parse().unwrap()));
         std::fs::write(dir.join(format!("{name}.crt")), certs_to_pem(&chain)).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key_pem(key.secret_der())).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), private_key_to_pem(&key)).unwrap();
     }
-}
-
-fn key_pem(der: &[u8]) -> String {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let body: Vec<&str> = b64
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    format!(
-        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-        body.join("\n")
-    )
 }
 
 fn tls_context(dir: &Path, cert: &str, peer_san: &str) -> String {

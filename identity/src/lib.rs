@@ -78,7 +78,9 @@ pub use select::{
     accept,
 };
 pub use spiffe::{MAX_ID_LEN, MAX_TRUST_DOMAIN_LEN, SpiffeId, SpiffeIdError, TrustDomain};
-pub use svid::{LeafInfo, SvidError, X509Svid, certs_from_pem, certs_to_pem, parse_leaf};
+pub use svid::{
+    LeafInfo, SvidError, X509Svid, certs_from_pem, certs_to_pem, parse_leaf, private_key_to_pem,
+};
 pub use tls::{SvidResolver, SvidSource, TlsSettings, default_provider};
 pub use verify::{
     Authorize, Authorizer, PeerRole, SpiffeClientVerifier, SpiffeServerVerifier, SpiffeVerifier,

@@ -269,17 +269,32 @@ pub fn certs_from_pem(pem: &str) -> Result<Vec<CertificateDer<'static>>, SvidErr
 
 /// PEM encoding of DER certificates, one `CERTIFICATE` block each, in order.
 pub fn certs_to_pem(certs: &[CertificateDer<'_>]) -> String {
+    certs
+        .iter()
+        .map(|der| pem_block("CERTIFICATE", der))
+        .collect()
+}
+
+/// PEM encoding of a private key, labelled by its format (`PRIVATE KEY` for PKCS#8,
+/// `EC PRIVATE KEY` for SEC1, `RSA PRIVATE KEY` for PKCS#1).
+pub fn private_key_to_pem(key: &PrivateKeyDer<'_>) -> String {
+    let label = match key {
+        PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
+        PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
+        _ => "PRIVATE KEY",
+    };
+    pem_block(label, key.secret_der())
+}
+
+fn pem_block(label: &str, der: &[u8]) -> String {
     use base64::Engine as _;
-    let mut pem = String::new();
-    for der in certs {
-        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-        pem.push_str("-----BEGIN CERTIFICATE-----\n");
-        // Base64 output is ASCII, so every 64-byte chunk is a valid str.
-        for line in b64.as_bytes().chunks(64) {
-            pem.push_str(std::str::from_utf8(line).unwrap_or_default());
-            pem.push('\n');
-        }
-        pem.push_str("-----END CERTIFICATE-----\n");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = format!("-----BEGIN {label}-----\n");
+    // Base64 output is ASCII, so every 64-byte chunk is a valid str.
+    for line in b64.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+        pem.push('\n');
     }
+    pem.push_str(&format!("-----END {label}-----\n"));
     pem
 }

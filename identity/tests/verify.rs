@@ -330,7 +330,7 @@ fn svid_loading_checks_the_leaf_and_the_key() {
 
     // PEM round trip.
     let chain_pem = meshkit_identity::certs_to_pem(&chain);
-    let key_pem = pem_key(&key);
+    let key_pem = meshkit_identity::private_key_to_pem(&key);
     let from_pem = X509Svid::from_pem(&chain_pem, &key_pem).unwrap();
     assert_eq!(from_pem.leaf(), svid.leaf());
 
@@ -358,18 +358,4 @@ fn svid_loading_checks_the_leaf_and_the_key() {
         X509Svid::from_pem("not pem", &key_pem),
         Err(SvidError::EmptyChain)
     ));
-}
-
-fn pem_key(key: &rustls_pki_types::PrivateKeyDer<'_>) -> String {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(key.secret_der());
-    let lines: Vec<_> = b64
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    format!(
-        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-        lines.join("\n")
-    )
 }
