@@ -94,6 +94,14 @@ async fn mutual_tls_succeeds_and_both_sides_see_the_peer_id() {
         Some(rustls::ProtocolVersion::TLSv1_3)
     );
     assert_eq!(client.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    assert_eq!(
+        client
+            .get_ref()
+            .1
+            .negotiated_cipher_suite()
+            .map(|s| s.suite()),
+        Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256)
+    );
 
     client.write_all(b"ping").await.unwrap();
     client.flush().await.unwrap();
