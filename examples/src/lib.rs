@@ -5,6 +5,10 @@ use std::path::Path;
 
 use meshkit_identity::{SpiffeId, TrustBundle, TrustBundleSet, TrustDomain, X509Svid};
 
+pub mod control_plane;
+pub mod gateway;
+pub mod node_proxy;
+
 /// An error a person can act on: what failed and with which file or value.
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -53,7 +53,6 @@ fn wait_log(path: &Path, needle: &str) {
     panic!("{} never said {needle:?}", path.display());
 }
 
-
 fn pki(dir: &Path) {
     let ca = TestCa::new(TrustDomain::new("cluster.local").unwrap());
     std::fs::write(dir.join("ca.crt"), ca.root_pem()).unwrap();

@@ -1,0 +1,193 @@
+//! `ingress-gateway`: HTTP/1.1 and HTTP/2 (plain and TLS by SNI), routed by Kubernetes
+//! Ingresses, forwarded over HBONE to the backends' workloads.
+//!
+//! ```text
+//! ingress-gateway --listen 127.0.0.3:8080 --listen-tls 127.0.0.3:8443 \
+//!     --ingress ingress.yaml --mesh mesh.json \
+//!     --tls-secret shop/shop-tls=tls.crt,tls.key \
+//!     --ca http://127.0.0.1:15012 --ca-root root.pem --ca-token demo-token
+//! ```
+//!
+//! The Ingress file (YAML, multi-document) and the mesh file (JSON of
+//! `meshkit_examples::node_proxy::MeshConfig`) are re-read when they change; new requests use
+//! the new configuration, open connections stay. Stops on SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use meshkit_examples::gateway::{Gateway, GatewayConfig, GatewaySettings, TlsSecret};
+use meshkit_examples::node_proxy::MeshConfig;
+use meshkit_examples::{CliError, init_logging, load_bundle, parse_id, runtime, stop_signal};
+use meshkit_hbone::{Client, ClientConfig};
+use meshkit_identity::istio::IstioCaClient;
+use meshkit_identity::{RotationConfig, SvidCache};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Ingress gateway over HBONE.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Plain HTTP listener (HTTP/1.1 and HTTP/2 prior knowledge).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// HTTPS listener (certificate by SNI from the Ingresses' `tls`).
+    #[arg(long)]
+    listen_tls: Option<SocketAddr>,
+    /// YAML file with the Ingresses; re-read when it changes.
+    #[arg(long)]
+    ingress: PathBuf,
+    /// JSON file with the mesh's workloads and services; re-read when it changes.
+    #[arg(long)]
+    mesh: PathBuf,
+    /// `NAMESPACE/NAME=CERT,KEY`: a TLS Secret from PEM files. Repeatable.
+    #[arg(long = "tls-secret")]
+    tls_secrets: Vec<String>,
+    /// The gateway's SPIFFE ID.
+    #[arg(
+        long,
+        default_value = "spiffe://cluster.local/ns/istio-system/sa/ingress-gateway"
+    )]
+    identity: String,
+    /// URL of the Istio-protocol CA (`IstioCertificateService`).
+    #[arg(long)]
+    ca: String,
+    /// PEM roots of the trust domain (the CA's root certificate).
+    #[arg(long)]
+    ca_root: PathBuf,
+    /// Bearer token sent to the CA.
+    #[arg(long)]
+    ca_token: Option<String>,
+    /// Only route Ingresses of this IngressClass.
+    #[arg(long)]
+    ingress_class: Option<String>,
+    /// Worker threads (1: everything on one thread).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let args = Args::parse();
+    let result = runtime(args.threads)
+        .map_err(CliError::from)
+        .and_then(|rt| rt.block_on(run(args)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ingress-gateway: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read(path: &Path, what: &str) -> Result<String, CliError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {what} file {}: {e}", path.display()).into())
+}
+
+fn load_secret(spec: &str) -> Result<TlsSecret, CliError> {
+    let bad = || format!("--tls-secret {spec:?}: expected NAMESPACE/NAME=CERT,KEY");
+    let (name, files) = spec.split_once('=').ok_or_else(bad)?;
+    let (namespace, name) = name.split_once('/').ok_or_else(bad)?;
+    let (cert, key) = files.split_once(',').ok_or_else(bad)?;
+    Ok(TlsSecret {
+        namespace: namespace.into(),
+        name: name.into(),
+        cert_pem: read(Path::new(cert), "certificate")?,
+        key_pem: read(Path::new(key), "private key")?,
+    })
+}
+
+fn load_config(args: &Args, secrets: &[TlsSecret]) -> Result<GatewayConfig, CliError> {
+    let ingresses =
+        meshkit_ingress_model::manifest::from_yaml_str(&read(&args.ingress, "Ingress")?)
+            .map_err(|e| format!("Ingress file {}: {e}", args.ingress.display()))?;
+    let mesh: MeshConfig = serde_json::from_str(&read(&args.mesh, "mesh")?)
+        .map_err(|e| format!("mesh file {}: {e}", args.mesh.display()))?;
+    Ok(GatewayConfig {
+        ingresses,
+        secrets: secrets.to_vec(),
+        mesh,
+        ..GatewayConfig::default()
+    })
+}
+
+async fn run(args: Args) -> Result<(), CliError> {
+    if args.listen.is_none() && args.listen_tls.is_none() {
+        return Err("give --listen, --listen-tls or both".into());
+    }
+    let identity = parse_id("--identity", &args.identity)?;
+    let bundles = load_bundle(&args.ca_root, &identity.trust_domain())?;
+    let channel = tonic::transport::Endpoint::from_shared(args.ca.clone())
+        .map_err(|e| format!("--ca {:?}: {e}", args.ca))?
+        .connect_lazy();
+    let mut ca = IstioCaClient::new(channel);
+    if let Some(token) = &args.ca_token {
+        ca = ca.with_bearer_token(token)?;
+    }
+    let certs = SvidCache::new(ca, RotationConfig::default());
+    let client = Client::new(ClientConfig::default(), certs, bundles);
+
+    let secrets = args
+        .tls_secrets
+        .iter()
+        .map(|s| load_secret(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (config_tx, config_rx) = watch::channel(load_config(&args, &secrets)?);
+    let mut settings = GatewaySettings::new(identity);
+    if let Some(class) = &args.ingress_class {
+        settings = settings.with_ingress_class(class.clone());
+    }
+    let gateway = Gateway::new(settings, client, config_rx);
+
+    let mut servers = tokio::task::JoinSet::new();
+    if let Some(addr) = args.listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        tracing::info!(%addr, "HTTP listener");
+        servers.spawn(gateway.clone().serve_http(listener));
+    }
+    if let Some(addr) = args.listen_tls {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        tracing::info!(%addr, "HTTPS listener");
+        servers.spawn(gateway.clone().serve_https(listener));
+    }
+
+    let reload = async {
+        let mut interval = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            interval.tick().await;
+            match load_config(&args, &secrets) {
+                Ok(config) => {
+                    config_tx.send_if_modified(|current| {
+                        let changed = *current != config;
+                        if changed {
+                            tracing::info!("configuration files changed");
+                            *current = config;
+                        }
+                        changed
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, "keeping the last good configuration"),
+            }
+        }
+    };
+    tokio::select! {
+        () = stop_signal() => tracing::info!("stopping"),
+        () = reload => {}
+        Some(done) = servers.join_next() => {
+            if let Ok(Err(e)) = done {
+                return Err(e.into());
+            }
+        }
+    }
+    servers.shutdown().await;
+    Ok(())
+}

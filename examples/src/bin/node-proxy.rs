@@ -1,0 +1,156 @@
+//! `node-proxy`: ztunnel's job on loopback, from a static mesh file and an Istio-protocol CA.
+//!
+//! ```text
+//! node-proxy --node node-a --mesh mesh.json \
+//!     --ca http://127.0.0.1:15012 --ca-root root.pem --ca-token demo-token \
+//!     --outbound 127.0.0.11:8080=web.shop.svc.cluster.local:80
+//! ```
+//!
+//! The mesh file is the JSON form of `meshkit_examples::node_proxy::MeshConfig` (workloads and
+//! services); it is re-read when it changes. Stops on SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use meshkit_examples::node_proxy::{
+    InboundPolicy, MeshConfig, NodeProxy, NodeProxyConfig, OutboundListener,
+};
+use meshkit_examples::{CliError, init_logging, load_bundle, parse_id, runtime, stop_signal};
+use meshkit_identity::istio::IstioCaClient;
+use meshkit_identity::{RotationConfig, SvidCache, TrustDomain};
+use tokio::sync::watch;
+
+/// Node proxy: inbound HBONE per local workload, outbound listeners per service port.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// This node's name (workloads with this `node` are served inbound).
+    #[arg(long)]
+    node: String,
+    /// The mesh's trust domain.
+    #[arg(long, default_value = "cluster.local")]
+    trust_domain: String,
+    /// JSON file with the mesh's workloads and services; re-read when it changes.
+    #[arg(long)]
+    mesh: PathBuf,
+    /// URL of the Istio-protocol CA (`IstioCertificateService`).
+    #[arg(long)]
+    ca: String,
+    /// PEM roots of the trust domain (the CA's root certificate).
+    #[arg(long)]
+    ca_root: PathBuf,
+    /// Bearer token sent to the CA.
+    #[arg(long)]
+    ca_token: Option<String>,
+    /// `LISTEN=HOST:PORT`: an outbound listener for port PORT of service HOST. Repeatable.
+    #[arg(long = "outbound", value_parser = parse_outbound)]
+    outbound: Vec<OutboundListener>,
+    /// Refuse tunnels from this SPIFFE ID (repeatable).
+    #[arg(long = "deny-id")]
+    deny_ids: Vec<String>,
+    /// Admit only these SPIFFE IDs (repeatable; default: the whole trust domain).
+    #[arg(long = "allow-id")]
+    allow_ids: Vec<String>,
+    /// The HBONE port on every workload address.
+    #[arg(long, default_value_t = meshkit_hbone::HBONE_PORT)]
+    hbone_port: u16,
+    /// Worker threads (1: everything on one thread).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+fn parse_outbound(s: &str) -> Result<OutboundListener, String> {
+    let (listen, target) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected LISTEN=HOST:PORT"))?;
+    let listen: SocketAddr = listen
+        .parse()
+        .map_err(|e| format!("listen address {listen:?}: {e}"))?;
+    let (host, port) = target
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{target:?}: expected HOST:PORT"))?;
+    let port = port.parse().map_err(|e| format!("port {port:?}: {e}"))?;
+    Ok(OutboundListener::new(listen, host, port))
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let args = Args::parse();
+    let result = runtime(args.threads)
+        .map_err(CliError::from)
+        .and_then(|rt| rt.block_on(run(args)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("node-proxy: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read_mesh(path: &std::path::Path) -> Result<MeshConfig, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read mesh file {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("mesh file {}: {e}", path.display()).into())
+}
+
+async fn run(args: Args) -> Result<(), CliError> {
+    let td = TrustDomain::new(&args.trust_domain)
+        .map_err(|e| format!("--trust-domain {:?}: {e}", args.trust_domain))?;
+    let bundles = load_bundle(&args.ca_root, &td)?;
+    let channel = tonic::transport::Endpoint::from_shared(args.ca.clone())
+        .map_err(|e| format!("--ca {:?}: {e}", args.ca))?
+        .connect_lazy();
+    let mut ca = IstioCaClient::new(channel);
+    if let Some(token) = &args.ca_token {
+        ca = ca.with_bearer_token(token)?;
+    }
+    let certs = SvidCache::new(ca, RotationConfig::default());
+
+    let mut policy = InboundPolicy::any();
+    for id in &args.deny_ids {
+        policy = policy.deny(parse_id("--deny-id", id)?);
+    }
+    for id in &args.allow_ids {
+        policy = policy.allow(parse_id("--allow-id", id)?);
+    }
+    let mut config = NodeProxyConfig::new(args.node.clone(), td)
+        .with_policy(policy)
+        .with_hbone_port(args.hbone_port);
+    for rule in args.outbound {
+        config = config.with_outbound(rule);
+    }
+
+    let (mesh_tx, mesh_rx) = watch::channel(read_mesh(&args.mesh)?);
+    let proxy = NodeProxy::start(config, mesh_rx, certs, bundles).await?;
+    tracing::info!(node = %args.node, outbound = ?proxy.outbound_addrs(), inbound = ?proxy.inbound_addrs(), "node proxy ready");
+
+    let reload = async {
+        let mut interval = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            interval.tick().await;
+            match read_mesh(&args.mesh) {
+                Ok(mesh) => {
+                    mesh_tx.send_if_modified(|current| {
+                        let changed = *current != mesh;
+                        if changed {
+                            tracing::info!("mesh file changed");
+                            *current = mesh;
+                        }
+                        changed
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, "keeping the last good mesh"),
+            }
+        }
+    };
+    tokio::select! {
+        () = stop_signal() => tracing::info!("stopping"),
+        () = reload => {}
+    }
+    proxy.shutdown();
+    Ok(())
+}

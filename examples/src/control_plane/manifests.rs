@@ -1,0 +1,758 @@
+//! Reading a folder of Kubernetes and Istio manifests into a [`ManifestSet`].
+//!
+//! Kinds read (others are skipped, so a folder shared with other tools works):
+//!
+//! | kind | apiVersion | what is kept |
+//! |---|---|---|
+//! | `Ingress` | `networking.k8s.io/v1` | the whole object, validated by the API server's rules |
+//! | `IngressClass` | `networking.k8s.io/v1` | the whole object |
+//! | `Secret` of type `kubernetes.io/tls` | `v1` | `tls.crt` and `tls.key` (`data`, base64, or `stringData`) |
+//! | `ServiceEntry` | `networking.istio.io/v1`, `v1beta1`, `v1alpha3` | hosts, addresses, ports, workloadSelector |
+//! | `WorkloadEntry` | `networking.istio.io/v1`, `v1beta1`, `v1alpha3` | address, serviceAccount, ports, labels, network |
+//!
+//! A `List` document contributes its items. Files are the `*.yaml`, `*.yml` and `*.json` files
+//! directly in the folder, read in name order; hidden files are ignored. Every problem is
+//! reported as a [`ManifestError`] naming the file, the document (from 0) and the field, and
+//! all problems of a folder are collected, not just the first.
+//!
+//! Meshkit-specific: a WorkloadEntry's node is its `meshkit.io/node` label (Istio has no such
+//! field; node proxies use it to pick the workloads they serve).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use meshkit_ingress_model::{Ingress, IngressClass};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The label that names the node a WorkloadEntry runs on.
+pub const NODE_LABEL: &str = "meshkit.io/node";
+
+/// Nesting limit for YAML documents; Kubernetes objects are far shallower.
+const MAX_YAML_DEPTH: usize = 128;
+
+/// Everything the control plane reads from a manifest folder.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ManifestSet {
+    /// Ingresses, validated.
+    pub ingresses: Vec<Ingress>,
+    /// IngressClasses.
+    pub ingress_classes: Vec<IngressClass>,
+    /// TLS secrets (`kubernetes.io/tls`).
+    pub secrets: Vec<TlsSecret>,
+    /// Istio ServiceEntries.
+    pub service_entries: Vec<ServiceEntry>,
+    /// Istio WorkloadEntries.
+    pub workload_entries: Vec<WorkloadEntry>,
+}
+
+/// A `kubernetes.io/tls` Secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsSecret {
+    /// Namespace (`default` when absent).
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `tls.crt`: the PEM certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// `tls.key`: the PEM private key.
+    pub key_pem: Vec<u8>,
+}
+
+/// An Istio ServiceEntry, reduced to what the control plane uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceEntry {
+    /// Namespace (`default` when absent).
+    pub namespace: String,
+    /// Name; an Ingress backend `service.name` in the same namespace refers to it.
+    pub name: String,
+    /// Host names; the first is the service's hostname.
+    pub hosts: Vec<String>,
+    /// Virtual IPs.
+    pub addresses: Vec<IpAddr>,
+    /// Ports.
+    pub ports: Vec<ServicePort>,
+    /// Labels of the WorkloadEntries (same namespace) that back this service.
+    pub workload_selector: BTreeMap<String, String>,
+}
+
+/// A port of a ServiceEntry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    /// Port number of the service.
+    pub number: u16,
+    /// Port name (Ingress backends may refer to it).
+    pub name: String,
+    /// Protocol, such as `HTTP` or `TCP` (informational).
+    pub protocol: String,
+    /// Port on the workloads, when it differs from `number`.
+    pub target_port: Option<u16>,
+}
+
+/// An Istio WorkloadEntry, reduced to what the control plane uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadEntry {
+    /// Namespace (`default` when absent).
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// IP address.
+    pub address: IpAddr,
+    /// Service account (`default` when absent); the identity is
+    /// `spiffe://TD/ns/NAMESPACE/sa/SERVICE_ACCOUNT`.
+    pub service_account: String,
+    /// Port overrides by service port name.
+    pub ports: BTreeMap<String, u16>,
+    /// Labels, matched by ServiceEntry workload selectors.
+    pub labels: BTreeMap<String, String>,
+    /// Network (empty for the default network).
+    pub network: String,
+    /// Node, from the [`NODE_LABEL`] label.
+    pub node: Option<String>,
+}
+
+/// A problem with a manifest: which file, which document, which field, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestError {
+    /// The file.
+    pub file: PathBuf,
+    /// Index of the YAML document in the file, from 0, when the problem is in one.
+    pub document: Option<usize>,
+    /// Path of the field, such as `spec.rules[0].http.paths[1].path`, when known.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// All problems found in one load; never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestErrors(pub Vec<ManifestError>);
+
+// Raw serde forms of the Istio and core objects, with Kubernetes field names.
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RawMeta {
+    name: String,
+    namespace: Option<String>,
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RawSecret {
+    metadata: RawMeta,
+    #[serde(rename = "type")]
+    type_: String,
+    data: BTreeMap<String, String>,
+    string_data: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RawServiceEntry {
+    metadata: RawMeta,
+    spec: RawServiceEntrySpec,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RawServiceEntrySpec {
+    hosts: Vec<String>,
+    addresses: Vec<String>,
+    ports: Vec<RawServicePort>,
+    workload_selector: Option<RawSelector>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RawSelector {
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RawServicePort {
+    number: u32,
+    name: String,
+    protocol: String,
+    target_port: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RawWorkloadEntry {
+    metadata: RawMeta,
+    spec: RawWorkloadEntrySpec,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RawWorkloadEntrySpec {
+    address: String,
+    service_account: Option<String>,
+    ports: BTreeMap<String, u32>,
+    labels: BTreeMap<String, String>,
+    network: String,
+}
+
+const ISTIO_VERSIONS: &[&str] = &[
+    "networking.istio.io/v1",
+    "networking.istio.io/v1beta1",
+    "networking.istio.io/v1alpha3",
+];
+
+// === impl ManifestSet ===
+
+impl ManifestSet {
+    /// Reads every manifest file directly in `dir`.
+    ///
+    /// # Errors
+    ///
+    /// Every problem found: unreadable files, invalid YAML, bad fields, invalid Ingresses and
+    /// objects defined twice.
+    pub fn load_dir(dir: &Path) -> Result<Self, ManifestErrors> {
+        let mut set = Self::default();
+        let mut errors = Vec::new();
+        match manifest_files(dir) {
+            Ok(files) => {
+                for file in files {
+                    match std::fs::read_to_string(&file) {
+                        Ok(text) => errors.extend(set.add_str(&file, &text)),
+                        Err(e) => errors.push(ManifestError::file(&file, e.to_string())),
+                    }
+                }
+            }
+            Err(e) => errors.push(ManifestError::file(dir, e.to_string())),
+        }
+        if errors.is_empty() {
+            Ok(set)
+        } else {
+            Err(ManifestErrors(errors))
+        }
+    }
+
+    /// Parses one (multi-document) YAML or JSON text and adds what it holds; `file` is only
+    /// used in error reports. Returns the problems found; the objects without problems are
+    /// added either way.
+    pub fn add_str(&mut self, file: &Path, text: &str) -> Vec<ManifestError> {
+        let options = serde_saphyr::Options {
+            budget: Some(serde_saphyr::Budget {
+                max_depth: MAX_YAML_DEPTH,
+                ..serde_saphyr::Budget::default()
+            }),
+            ..serde_saphyr::Options::default()
+        };
+        let documents = match serde_saphyr::from_multiple_with_options::<Value>(text, options) {
+            Ok(documents) => documents,
+            Err(e) => return vec![ManifestError::file(file, format!("invalid YAML: {e}"))],
+        };
+        let mut errors = Vec::new();
+        for (index, document) in documents.into_iter().enumerate() {
+            let at = Location {
+                file,
+                document: index,
+            };
+            self.add_value(&at, "", document, &mut errors);
+        }
+        errors
+    }
+
+    fn add_value(
+        &mut self,
+        at: &Location<'_>,
+        prefix: &str,
+        value: Value,
+        errors: &mut Vec<ManifestError>,
+    ) {
+        if value.is_null() {
+            return;
+        }
+        let Value::Object(mut map) = value else {
+            errors.push(at.error(prefix, "not a mapping"));
+            return;
+        };
+        let kind = map
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let api_version = map
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        if kind.ends_with("List") {
+            let Some(Value::Array(items)) = map.remove("items") else {
+                return;
+            };
+            for (i, item) in items.into_iter().enumerate() {
+                self.add_value(at, &format!("{prefix}items[{i}]."), item, errors);
+            }
+            return;
+        }
+        let value = Value::Object(map);
+        let result = match (kind.as_str(), api_version.as_str()) {
+            ("Ingress", _) => self.add_ingress(&value),
+            ("IngressClass", _) => self.add_ingress_class(&value),
+            ("Secret", "v1") => self.add_secret(value),
+            ("ServiceEntry", v) if ISTIO_VERSIONS.contains(&v) => self.add_service_entry(value),
+            ("WorkloadEntry", v) if ISTIO_VERSIONS.contains(&v) => self.add_workload_entry(value),
+            ("ServiceEntry" | "WorkloadEntry", v) => Err(vec![(
+                "apiVersion".to_owned(),
+                format!(
+                    "{kind} with apiVersion {v:?} is not supported (networking.istio.io/v1 or v1beta1)"
+                ),
+            )]),
+            _ => Ok(()),
+        };
+        if let Err(problems) = result {
+            for (field, message) in problems {
+                errors.push(at.error(&format!("{prefix}{field}"), &message));
+            }
+        }
+    }
+
+    fn add_ingress(&mut self, value: &Value) -> Result<(), Vec<(String, String)>> {
+        use meshkit_ingress_model::manifest::{ManifestError as M, from_json_str};
+        let text = value.to_string();
+        let ingresses = from_json_str(&text).map_err(|e| match e {
+            M::Field { path, message, .. } => vec![(path, message)],
+            M::UnsupportedVersion { api_version, .. } => vec![(
+                "apiVersion".to_owned(),
+                format!("Ingress with apiVersion {api_version:?} is not supported (networking.k8s.io/v1)"),
+            )],
+            other => vec![(String::new(), other.to_string())],
+        })?;
+        for ingress in ingresses {
+            meshkit_ingress_model::validation::validate_ingress(&ingress).map_err(|errors| {
+                errors
+                    .errors()
+                    .iter()
+                    .map(|e| (e.path().to_owned(), e.to_string()))
+                    .collect::<Vec<_>>()
+            })?;
+            let key = ingress_name(&ingress);
+            if self.ingresses.iter().any(|i| ingress_name(i) == key) {
+                return Err(defined_twice("Ingress", &key));
+            }
+            self.ingresses.push(ingress);
+        }
+        Ok(())
+    }
+
+    fn add_ingress_class(&mut self, value: &Value) -> Result<(), Vec<(String, String)>> {
+        use meshkit_ingress_model::manifest::{ManifestError as M, ingress_classes_from_yaml_str};
+        // JSON is YAML: the model's reader handles the apiVersion check and field paths.
+        let classes = ingress_classes_from_yaml_str(&value.to_string()).map_err(|e| match e {
+            M::Field { path, message, .. } => vec![(path, message)],
+            other => vec![(String::new(), other.to_string())],
+        })?;
+        self.ingress_classes.extend(classes);
+        Ok(())
+    }
+
+    fn add_secret(&mut self, value: Value) -> Result<(), Vec<(String, String)>> {
+        let raw: RawSecret = deserialize(value)?;
+        if raw.type_ != "kubernetes.io/tls" {
+            return Ok(());
+        }
+        check_name(&raw.metadata)?;
+        let field = |key: &str| -> Result<Vec<u8>, Vec<(String, String)>> {
+            if let Some(text) = raw.string_data.get(key) {
+                return Ok(text.as_bytes().to_vec());
+            }
+            let Some(encoded) = raw.data.get(key) else {
+                return Err(one(
+                    &format!("data.{key}"),
+                    "required for a kubernetes.io/tls Secret",
+                ));
+            };
+            let compact: String = encoded.split_whitespace().collect();
+            base64::engine::general_purpose::STANDARD
+                .decode(compact)
+                .map_err(|e| one(&format!("data.{key}"), &format!("invalid base64: {e}")))
+        };
+        let cert_pem = field("tls.crt")?;
+        let key_pem = field("tls.key")?;
+        if !cert_pem.starts_with(b"-----BEGIN") {
+            return Err(one("data.tls.crt", "not a PEM certificate"));
+        }
+        if !key_pem.starts_with(b"-----BEGIN") {
+            return Err(one("data.tls.key", "not a PEM private key"));
+        }
+        let ns = namespace(&raw.metadata);
+        if self
+            .secrets
+            .iter()
+            .any(|s| s.namespace == ns && s.name == raw.metadata.name)
+        {
+            return Err(defined_twice(
+                "Secret",
+                &format!("{ns}/{}", raw.metadata.name),
+            ));
+        }
+        self.secrets.push(TlsSecret {
+            namespace: ns,
+            name: raw.metadata.name,
+            cert_pem,
+            key_pem,
+        });
+        Ok(())
+    }
+
+    fn add_service_entry(&mut self, value: Value) -> Result<(), Vec<(String, String)>> {
+        let raw: RawServiceEntry = deserialize(value)?;
+        check_name(&raw.metadata)?;
+        let mut problems = Vec::new();
+        if raw.spec.hosts.is_empty() {
+            problems.push((
+                "spec.hosts".to_owned(),
+                "at least one host is required".to_owned(),
+            ));
+        }
+        for (i, host) in raw.spec.hosts.iter().enumerate() {
+            if host.is_empty() || host.contains('/') || host.contains(' ') {
+                problems.push((
+                    format!("spec.hosts[{i}]"),
+                    format!("{host:?} is not a host name"),
+                ));
+            }
+        }
+        let mut addresses = Vec::new();
+        for (i, address) in raw.spec.addresses.iter().enumerate() {
+            match address.parse::<IpAddr>() {
+                Ok(ip) => addresses.push(ip),
+                Err(_) => problems.push((
+                    format!("spec.addresses[{i}]"),
+                    format!("{address:?} is not an IP address"),
+                )),
+            }
+        }
+        let mut ports = Vec::new();
+        for (i, port) in raw.spec.ports.iter().enumerate() {
+            let number = port_number(port.number);
+            let target = port.target_port.map(port_number);
+            if number.is_none() {
+                problems.push((
+                    format!("spec.ports[{i}].number"),
+                    format!("{} is not a port number (1-65535)", port.number),
+                ));
+            }
+            if let Some(None) = target {
+                problems.push((
+                    format!("spec.ports[{i}].targetPort"),
+                    "not a port number (1-65535)".to_owned(),
+                ));
+            }
+            if let (Some(number), Some(target_port)) = (number, target.unwrap_or(Some(0))) {
+                ports.push(ServicePort {
+                    number,
+                    name: port.name.clone(),
+                    protocol: port.protocol.clone(),
+                    target_port: (target_port != 0).then_some(target_port),
+                });
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let ns = namespace(&raw.metadata);
+        if self
+            .service_entries
+            .iter()
+            .any(|s| s.namespace == ns && s.name == raw.metadata.name)
+        {
+            return Err(defined_twice(
+                "ServiceEntry",
+                &format!("{ns}/{}", raw.metadata.name),
+            ));
+        }
+        self.service_entries.push(ServiceEntry {
+            namespace: ns,
+            name: raw.metadata.name,
+            hosts: raw.spec.hosts,
+            addresses,
+            ports,
+            workload_selector: raw
+                .spec
+                .workload_selector
+                .map(|s| s.labels)
+                .unwrap_or_default(),
+        });
+        Ok(())
+    }
+
+    fn add_workload_entry(&mut self, value: Value) -> Result<(), Vec<(String, String)>> {
+        let raw: RawWorkloadEntry = deserialize(value)?;
+        check_name(&raw.metadata)?;
+        let mut problems = Vec::new();
+        let address = match raw.spec.address.parse::<IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                problems.push((
+                    "spec.address".to_owned(),
+                    format!(
+                        "{:?} is not an IP address (host names are not supported)",
+                        raw.spec.address
+                    ),
+                ));
+                None
+            }
+        };
+        let service_account = raw
+            .spec
+            .service_account
+            .unwrap_or_else(|| "default".to_owned());
+        if !is_dns_label(&service_account) {
+            problems.push((
+                "spec.serviceAccount".to_owned(),
+                format!("{service_account:?} is not a valid service account name"),
+            ));
+        }
+        let mut ports = BTreeMap::new();
+        for (name, &number) in &raw.spec.ports {
+            match port_number(number) {
+                Some(port) => {
+                    ports.insert(name.clone(), port);
+                }
+                None => problems.push((
+                    format!("spec.ports.{name}"),
+                    format!("{number} is not a port number (1-65535)"),
+                )),
+            }
+        }
+        let (Some(address), true) = (address, problems.is_empty()) else {
+            return Err(problems);
+        };
+        let ns = namespace(&raw.metadata);
+        if self
+            .workload_entries
+            .iter()
+            .any(|w| w.namespace == ns && w.name == raw.metadata.name)
+        {
+            return Err(defined_twice(
+                "WorkloadEntry",
+                &format!("{ns}/{}", raw.metadata.name),
+            ));
+        }
+        if let Some(other) = self
+            .workload_entries
+            .iter()
+            .find(|w| w.address == address && w.network == raw.spec.network)
+        {
+            return Err(one(
+                "spec.address",
+                &format!(
+                    "{address} is already the address of WorkloadEntry {}/{}",
+                    other.namespace, other.name
+                ),
+            ));
+        }
+        let mut labels = raw.metadata.labels.clone();
+        labels.extend(raw.spec.labels);
+        self.workload_entries.push(WorkloadEntry {
+            namespace: ns,
+            node: labels.get(NODE_LABEL).cloned(),
+            name: raw.metadata.name,
+            address,
+            service_account,
+            ports,
+            labels,
+            network: raw.spec.network,
+        });
+        Ok(())
+    }
+}
+
+struct Location<'a> {
+    file: &'a Path,
+    document: usize,
+}
+
+impl Location<'_> {
+    fn error(&self, field: &str, message: &str) -> ManifestError {
+        let field = field.trim_end_matches('.');
+        ManifestError {
+            file: self.file.to_path_buf(),
+            document: Some(self.document),
+            field: (!field.is_empty()).then(|| field.to_owned()),
+            message: message.to_owned(),
+        }
+    }
+}
+
+fn defined_twice(kind: &str, key: &str) -> Vec<(String, String)> {
+    one(
+        "metadata.name",
+        &format!("{kind} {key} is defined more than once"),
+    )
+}
+
+fn ingress_name(ingress: &Ingress) -> String {
+    let meta = ingress.metadata.as_ref();
+    format!(
+        "{}/{}",
+        meta.and_then(|m| m.namespace.as_deref())
+            .unwrap_or("default"),
+        meta.and_then(|m| m.name.as_deref()).unwrap_or("")
+    )
+}
+
+fn one(field: &str, message: &str) -> Vec<(String, String)> {
+    vec![(field.to_owned(), message.to_owned())]
+}
+
+fn deserialize<T: serde::de::DeserializeOwned>(
+    mut value: Value,
+) -> Result<T, Vec<(String, String)>> {
+    drop_nulls(&mut value);
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        vec![(path, e.into_inner().to_string())]
+    })
+}
+
+/// A `null` field counts as absent, as in Kubernetes.
+fn drop_nulls(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
+}
+
+fn check_name(meta: &RawMeta) -> Result<(), Vec<(String, String)>> {
+    if meta.name.is_empty() {
+        return Err(one("metadata.name", "required"));
+    }
+    if !is_dns_label(&meta.name.replace('.', "-")) {
+        return Err(one(
+            "metadata.name",
+            &format!("{:?} is not a valid object name", meta.name),
+        ));
+    }
+    if let Some(ns) = &meta.namespace
+        && !is_dns_label(ns)
+    {
+        return Err(one(
+            "metadata.namespace",
+            &format!("{ns:?} is not a valid namespace"),
+        ));
+    }
+    Ok(())
+}
+
+fn namespace(meta: &RawMeta) -> String {
+    meta.namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_owned())
+}
+
+/// RFC 1123 label: lowercase letters, digits and `-`, at most 63, not starting or ending
+/// with `-`.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn port_number(n: u32) -> Option<u16> {
+    u16::try_from(n).ok().filter(|&p| p != 0)
+}
+
+fn manifest_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let wanted = !name.starts_with('.')
+            && [".yaml", ".yml", ".json"]
+                .iter()
+                .any(|ext| name.ends_with(ext))
+            && path.is_file();
+        if wanted {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+// === impl ManifestError ===
+
+impl ManifestError {
+    fn file(file: &Path, message: String) -> Self {
+        Self {
+            file: file.to_path_buf(),
+            document: None,
+            field: None,
+            message,
+        }
+    }
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.file.as_os_str().is_empty() {
+            write!(f, "{}: ", self.file.display())?;
+        }
+        if let Some(document) = self.document {
+            write!(f, "document {document}: ")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, "{field}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ManifestError {}
+
+// === impl ManifestErrors ===
+
+impl fmt::Display for ManifestErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ManifestErrors {}
+
+// === impl TlsSecret ===
+
+impl fmt::Debug for TlsSecret {
+    /// Leaves the key out of logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSecret")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .field("cert_pem_len", &self.cert_pem.len())
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl WorkloadEntry ===
+
+impl WorkloadEntry {
+    /// Whether every label of `selector` is on this workload (an empty selector selects none).
+    pub fn matches(&self, selector: &BTreeMap<String, String>) -> bool {
+        !selector.is_empty() && selector.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+}

@@ -1,0 +1,296 @@
+//! One request: route, pick an endpoint, forward over HBONE as HTTP/1.1.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use meshkit_hbone::Target;
+
+use super::Shared;
+
+/// The body type of every gateway response.
+pub(super) type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Response header naming the SPIFFE ID the backend's side of the tunnel presented.
+pub const BACKEND_IDENTITY: &str = "x-meshkit-backend-identity";
+
+/// Response header naming the workload that answered.
+pub const BACKEND_WORKLOAD: &str = "x-meshkit-backend-workload";
+
+/// How long a backend may take to answer once the request is sent.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Headers that belong to one connection and are not forwarded (RFC 9110, 7.6.1).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Serves one request from `client` that arrived over `scheme` (`http` or `https`).
+pub(super) async fn handle(
+    shared: &Shared,
+    mut req: Request<Incoming>,
+    client: SocketAddr,
+    scheme: &'static str,
+) -> Response<Body> {
+    let Some(host) = request_host(&req) else {
+        return error(StatusCode::BAD_REQUEST, "no host in the request");
+    };
+    let compiled = shared.current.borrow().clone();
+    let path = req.uri().path().to_owned();
+    let Some(route) = compiled.table.route(&host, &path) else {
+        return error(StatusCode::NOT_FOUND, "no route");
+    };
+    let Some(backend) = route.backend().service.as_ref() else {
+        return error(StatusCode::NOT_FOUND, "route has no service backend");
+    };
+    let namespace = route.namespace().to_owned();
+    let name = backend.name.clone().unwrap_or_default();
+    let port_number = backend
+        .port
+        .as_ref()
+        .and_then(|p| p.number)
+        .and_then(|n| u16::try_from(n).ok());
+    let port_name = backend.port.as_ref().and_then(|p| p.name.clone());
+    let Some(service) = compiled.index.service(&namespace, &name) else {
+        tracing::info!(%namespace, service = %name, "backend service unknown");
+        return error(StatusCode::SERVICE_UNAVAILABLE, "backend service unknown");
+    };
+    let Some(port) = service.port(port_number, port_name.as_deref()) else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "backend service has no such port",
+        );
+    };
+    let endpoints = compiled.index.endpoints(service, port);
+    if endpoints.is_empty() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "no endpoints");
+    }
+
+    // The answer goes back in the client's version, whatever the backend spoke.
+    let client_version = req.version();
+    prepare(&mut req, &host, client, scheme);
+    let start = shared.next_endpoint(&namespace, &name, port.port);
+    for i in 0..endpoints.len() {
+        let Some(ep) = endpoints.get(start.wrapping_add(i) % endpoints.len()) else {
+            continue;
+        };
+        let target = Target::new(
+            ep.hbone,
+            ep.address,
+            shared.settings.identity.clone(),
+            ep.identity.clone(),
+        )
+        .forwarded_for(client);
+        let tunnel = match shared.client.open(target).await {
+            Ok(tunnel) => tunnel,
+            Err(e) => {
+                tracing::info!(endpoint = %ep.address, workload = %ep.workload, error = %e, "endpoint unreachable; trying the next");
+                continue;
+            }
+        };
+        tracing::debug!(%host, %path, endpoint = %ep.address, identity = %ep.identity, "forwarding");
+        let mut resp = forward(tunnel, req).await;
+        *resp.version_mut() = client_version;
+        // Which workload answered and the identity its end of the tunnel proved: the tunnel
+        // opens only when the peer presents exactly this identity.
+        let headers = resp.headers_mut();
+        if let Ok(value) = HeaderValue::from_str(ep.identity.as_ref()) {
+            headers.insert(HeaderName::from_static(BACKEND_IDENTITY), value);
+        }
+        if let Ok(value) = HeaderValue::from_str(&ep.workload) {
+            headers.insert(HeaderName::from_static(BACKEND_WORKLOAD), value);
+        }
+        return resp;
+    }
+    error(StatusCode::SERVICE_UNAVAILABLE, "no endpoint reachable")
+}
+
+/// Sends `req` over `tunnel` as HTTP/1.1 and relays the answer.
+async fn forward(tunnel: meshkit_hbone::Tunnel, req: Request<Incoming>) -> Response<Body> {
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tunnel)).await
+    {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::info!(error = %e, "HTTP/1.1 handshake over the tunnel failed");
+            return error(StatusCode::BAD_GATEWAY, "backend handshake failed");
+        }
+    };
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "backend connection ended with an error");
+        }
+    });
+    match tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(req)).await {
+        Ok(Ok(resp)) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(header::TRANSFER_ENCODING);
+            Response::from_parts(parts, body.boxed())
+        }
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "backend request failed");
+            error(StatusCode::BAD_GATEWAY, "backend request failed")
+        }
+        Err(_) => error(StatusCode::GATEWAY_TIMEOUT, "backend timed out"),
+    }
+}
+
+/// The host the client asked for: the URI's authority (HTTP/2, absolute form), else `Host`.
+fn request_host<B>(req: &Request<B>) -> Option<String> {
+    if let Some(authority) = req.uri().authority() {
+        // Host and port only: userinfo has no place in routing or in `Host`.
+        return Some(match authority.port_u16() {
+            Some(port) => format!("{}:{port}", authority.host()),
+            None => authority.host().to_owned(),
+        });
+    }
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// Rewrites the request for an HTTP/1.1 backend: origin-form URI, `Host`, no hop-by-hop
+/// headers, and `X-Forwarded-For`, `X-Forwarded-Proto` and `Forwarded` naming the client.
+fn prepare<B>(req: &mut Request<B>, host: &str, client: SocketAddr, scheme: &'static str) {
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    if let Ok(uri) = path.parse::<Uri>() {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = Version::HTTP_11;
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers);
+    if let Ok(value) = HeaderValue::from_str(host) {
+        headers.insert(header::HOST, value);
+    }
+    let ip = client.ip().to_string();
+    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(previous) => format!("{previous}, {ip}"),
+        None => ip.clone(),
+    };
+    if let Ok(value) = HeaderValue::from_str(&xff) {
+        headers.insert(HeaderName::from_static("x-forwarded-for"), value);
+    }
+    headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static(scheme),
+    );
+    let node = if client.is_ipv6() {
+        format!("\"[{ip}]\"")
+    } else {
+        ip
+    };
+    // A quoted-string must not end early: leave out what would need escaping.
+    let quoted_host: String = host.chars().filter(|c| *c != '"' && *c != '\\').collect();
+    let element = format!("for={node};host=\"{quoted_host}\";proto={scheme}");
+    let forwarded = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(previous) => format!("{previous}, {element}"),
+        None => element,
+    };
+    if let Ok(value) = HeaderValue::from_str(&forwarded) {
+        headers.insert(header::FORWARDED, value);
+    }
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named in `Connection` are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// A short plain-text answer from the gateway itself.
+pub(super) fn error(status: StatusCode, message: &'static str) -> Response<Body> {
+    let body = Full::new(Bytes::from_static(message.as_bytes()))
+        .map_err(|never| match never {})
+        .boxed();
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepare_rewrites_for_an_http1_backend() {
+        let mut req = Request::builder()
+            .version(Version::HTTP_2)
+            .uri("https://shop.example.com/a/b?c=d")
+            .header("connection", "x-private, keep-alive")
+            .header("x-private", "secret")
+            .header("keep-alive", "timeout=5")
+            .header("te", "trailers")
+            .header("x-forwarded-for", "10.0.0.1")
+            .header("forwarded", "for=10.0.0.1")
+            .body(())
+            .expect("request");
+        prepare(
+            &mut req,
+            "shop.example.com",
+            "[::1]:4000".parse().expect("addr"),
+            "https",
+        );
+        assert_eq!(req.version(), Version::HTTP_11);
+        assert_eq!(req.uri(), "/a/b?c=d");
+        let h = req.headers();
+        assert_eq!(h["host"], "shop.example.com");
+        for gone in ["connection", "x-private", "keep-alive", "te"] {
+            assert!(!h.contains_key(gone), "{gone} forwarded");
+        }
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, ::1");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(
+            h["forwarded"],
+            "for=10.0.0.1, for=\"[::1]\";host=\"shop.example.com\";proto=https"
+        );
+    }
+
+    #[test]
+    fn host_comes_from_the_authority_then_the_host_header() {
+        let req = Request::get("http://user@a.example:81/x")
+            .header("host", "b.example")
+            .body(())
+            .expect("request");
+        assert_eq!(request_host(&req).as_deref(), Some("a.example:81"));
+        let req = Request::get("/x")
+            .header("host", "b.example:8080")
+            .body(())
+            .expect("request");
+        assert_eq!(request_host(&req).as_deref(), Some("b.example:8080"));
+        let req = Request::get("/x").body(()).expect("request");
+        assert_eq!(request_host(&req), None);
+    }
+}
