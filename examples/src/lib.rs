@@ -7,6 +7,7 @@ use meshkit_identity::{SpiffeId, TrustBundle, TrustBundleSet, TrustDomain, X509S
 
 pub mod control_plane;
 pub mod gateway;
+pub mod mesh;
 pub mod node_proxy;
 
 /// An error a person can act on: what failed and with which file or value.
@@ -97,6 +98,18 @@ pub fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+/// Logs warnings and errors only (unless `RUST_LOG` says otherwise), for programs whose own
+/// output is the report.
+pub fn init_logging_quiet() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -103,10 +103,21 @@ impl Workload {
 
 impl Service {
     /// The port matching an Ingress-style reference: by number, else by name.
+    ///
+    /// The workload API carries no port names, so a service learned from it has unnamed
+    /// ports: a name then resolves to the service's only port when it has exactly one (the
+    /// one reading that cannot be wrong), and to nothing otherwise.
     pub fn port(&self, number: Option<u16>, name: Option<&str>) -> Option<&ServicePort> {
         match (number, name) {
             (Some(n), _) => self.ports.iter().find(|p| p.port == n),
-            (None, Some(name)) => self.ports.iter().find(|p| p.name.as_deref() == Some(name)),
+            (None, Some(name)) => self
+                .ports
+                .iter()
+                .find(|p| p.name.as_deref() == Some(name))
+                .or_else(|| match self.ports.as_slice() {
+                    [only] if only.name.is_none() => Some(only),
+                    _ => None,
+                }),
             (None, None) => self.ports.first(),
         }
     }
