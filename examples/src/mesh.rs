@@ -214,27 +214,28 @@ impl DemoMesh {
             let _ = serve_https.await;
         }));
 
-        // Wait for the configuration, then start an echo application per workload port.
+        // Wait for the configuration: resources arrive one event at a time, so wait until
+        // routes and endpoints are there and nothing has changed for a moment.
         let mut config = gateway_config.clone();
         let ready = tokio::time::timeout(Duration::from_secs(20), async {
             loop {
-                {
+                let complete = {
                     let c = config.borrow_and_update();
-                    if !c.ingresses.is_empty()
+                    !c.ingresses.is_empty()
+                        && !c.secrets.is_empty()
                         && !c.mesh.workloads.is_empty()
-                        && c.mesh.services.iter().any(|s| !s.endpoints.is_empty())
-                    {
-                        break;
-                    }
-                }
-                if config.changed().await.is_err() {
-                    break;
+                        && c.mesh.services.iter().all(|s| !s.endpoints.is_empty())
+                };
+                match tokio::time::timeout(Duration::from_millis(300), config.changed()).await {
+                    Err(_) if complete => break,
+                    Err(_) | Ok(Ok(())) => {}
+                    Ok(Err(_)) => break,
                 }
             }
         })
         .await;
         if ready.is_err() {
-            return Err("no configuration reached the gateway within 20 s".into());
+            return Err("no complete configuration reached the gateway within 20 s".into());
         }
         let mesh = config.borrow().mesh.clone();
         for (addr, name) in app_listeners(&mesh) {
