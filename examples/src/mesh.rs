@@ -70,6 +70,18 @@ pub struct MeshOptions {
     pub http: SocketAddr,
     /// HTTPS with the certificate chosen by SNI.
     pub https: SocketAddr,
+    /// The listener addresses the control plane sends an Envoy gateway in LDS. `None` (the
+    /// default) keeps the control plane's defaults (`0.0.0.0:8080` and `0.0.0.0:8443`).
+    pub envoy: Option<EnvoyListeners>,
+}
+
+/// Where an Envoy fed by the demo's control plane listens (see [`envoy_bootstrap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvoyListeners {
+    /// Plain HTTP.
+    pub http: SocketAddr,
+    /// HTTPS with the certificate chosen by SNI; `None` for no HTTPS listener.
+    pub https: Option<SocketAddr>,
 }
 
 impl Default for MeshOptions {
@@ -77,8 +89,54 @@ impl Default for MeshOptions {
         Self {
             http: SocketAddr::from(([127, 0, 0, 1], 0)),
             https: SocketAddr::from(([127, 0, 0, 1], 0)),
+            envoy: None,
         }
     }
+}
+
+/// An Envoy bootstrap (YAML) that takes all of its configuration (LDS, CDS and through them
+/// RDS, EDS, SDS) from the ADS server at `ads` (plaintext gRPC, as the demo's control plane
+/// serves it), State of the World or, with `delta`, incremental. The admin interface listens
+/// on `admin` (port 0: any free port; Envoy writes the bound address to
+/// `--admin-address-path` if asked).
+pub fn envoy_bootstrap(ads: SocketAddr, node_id: &str, delta: bool, admin: SocketAddr) -> String {
+    let api_type = if delta { "DELTA_GRPC" } else { "GRPC" };
+    format!(
+        r#"node:
+  id: {node_id}
+  cluster: meshkit-demo
+admin:
+  address: {{ socket_address: {{ address: {admin_ip}, port_value: {admin_port} }} }}
+dynamic_resources:
+  ads_config:
+    api_type: {api_type}
+    transport_api_version: V3
+    set_node_on_first_message_only: true
+    grpc_services:
+    - envoy_grpc: {{ cluster_name: xds }}
+  lds_config: {{ ads: {{}}, resource_api_version: V3 }}
+  cds_config: {{ ads: {{}}, resource_api_version: V3 }}
+static_resources:
+  clusters:
+  - name: xds
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: xds
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address: {{ socket_address: {{ address: {ads_ip}, port_value: {ads_port} }} }}
+"#,
+        admin_ip = admin.ip(),
+        admin_port = admin.port(),
+        ads_ip = ads.ip(),
+        ads_port = ads.port(),
+    )
 }
 
 /// A running demo mesh. Dropping it stops every part.
@@ -95,7 +153,17 @@ pub struct DemoMesh {
     pub https_addr: SocketAddr,
     /// The mesh as the gateway sees it, from xDS.
     pub gateway_config: watch::Receiver<GatewayConfig>,
+    /// What each node proxy is started from, to restart it.
+    node_parts: BTreeMap<String, NodeParts>,
+    trust_domain: TrustDomain,
+    bundles: Arc<TrustBundleSet>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// A node proxy's certificate cache and xDS-fed mesh, which outlive the proxy itself.
+struct NodeParts {
+    certs: SvidCache,
+    mesh: watch::Receiver<MeshConfig>,
 }
 
 impl std::fmt::Debug for DemoMesh {
@@ -143,13 +211,15 @@ impl DemoMesh {
         progress: impl Fn(&str),
     ) -> Result<Self, CliError> {
         let td = TrustDomain::new("cluster.local")?;
-        let control_plane = ControlPlane::start(
-            ControlPlaneConfig::new(&manifest_dir)
-                .with_ads_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
-                .with_ca_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
-                .with_grants(TokenGrants::parse(DEMO_TOKENS)?),
-        )
-        .await?;
+        let mut cp_config = ControlPlaneConfig::new(&manifest_dir)
+            .with_ads_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .with_ca_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .with_grants(TokenGrants::parse(DEMO_TOKENS)?);
+        if let Some(envoy) = options.envoy {
+            cp_config.translate.http_listener = envoy.http;
+            cp_config.translate.https_listener = envoy.https;
+        }
+        let control_plane = ControlPlane::start(cp_config).await?;
         progress(&format!(
             "control plane: ADS on {}, CA on {}",
             control_plane.ads_uri(),
@@ -164,21 +234,21 @@ impl DemoMesh {
 
         // Node proxies: certificates from the CA, workloads over Delta ADS.
         let mut node_proxies = BTreeMap::new();
+        let mut node_parts = BTreeMap::new();
         for (node, token) in NODES {
             let ca = IstioCaClient::new(ca_channel.clone()).with_bearer_token(token)?;
             let certs = SvidCache::new(ca, RotationConfig::default());
-            let (xds, mesh) = xds_client(&control_plane.ads_uri(), Mode::Delta, node);
-            let (tx, rx) = watch::channel(MeshConfig::default());
-            tasks.push(tokio::spawn(xds.run_driver()));
-            tasks.push(tokio::spawn(feed_mesh(mesh, tx)));
+            let (rx, feed) = mesh_over_xds(&control_plane.ads_uri(), node);
+            tasks.extend(feed);
             let proxy = NodeProxy::start(
                 NodeProxyConfig::new(*node, td.clone()),
-                rx,
-                certs,
+                rx.clone(),
+                certs.clone(),
                 bundles.clone(),
             )
             .await?;
             node_proxies.insert((*node).to_owned(), proxy);
+            node_parts.insert((*node).to_owned(), NodeParts { certs, mesh: rx });
         }
         progress("node proxies: node-a and node-b, workloads over Delta xDS");
 
@@ -187,11 +257,8 @@ impl DemoMesh {
         let ca = IstioCaClient::new(ca_channel).with_bearer_token(GATEWAY_TOKEN)?;
         let certs = SvidCache::new(ca, RotationConfig::default());
         certs.get(&gateway_id).await?;
-        let (xds, gateway_client) =
-            xds_client(&control_plane.ads_uri(), Mode::StateOfTheWorld, "gateway");
-        let (tx, gateway_config) = watch::channel(GatewayConfig::default());
-        tasks.push(tokio::spawn(xds.run_driver()));
-        tasks.push(tokio::spawn(feed_gateway(gateway_client, tx)));
+        let (gateway_config, feed) = gateway_config_over_xds(&control_plane.ads_uri(), "gateway");
+        tasks.extend(feed);
         let hbone = meshkit_hbone::Client::new(
             meshkit_hbone::ClientConfig::default(),
             certs,
@@ -275,11 +342,45 @@ impl DemoMesh {
             manifest_dir,
             control_plane,
             node_proxies,
+            node_parts,
+            trust_domain: td,
+            bundles,
             http_addr,
             https_addr,
             gateway_config,
             tasks,
         })
+    }
+}
+
+impl DemoMesh {
+    /// Stops the node proxy of `node` (its workloads become unreachable through the mesh).
+    pub fn stop_node(&mut self, node: &str) {
+        if let Some(proxy) = self.node_proxies.remove(node) {
+            proxy.shutdown();
+        }
+    }
+
+    /// Starts the node proxy of `node` again, with the certificates and mesh it had.
+    ///
+    /// # Errors
+    ///
+    /// When `node` is not a node of the demo, or the proxy cannot start.
+    pub async fn start_node(&mut self, node: &str) -> Result<(), CliError> {
+        self.stop_node(node);
+        let parts = self
+            .node_parts
+            .get(node)
+            .ok_or_else(|| format!("no node {node} in the demo"))?;
+        let proxy = NodeProxy::start(
+            NodeProxyConfig::new(node, self.trust_domain.clone()),
+            parts.mesh.clone(),
+            parts.certs.clone(),
+            self.bundles.clone(),
+        )
+        .await?;
+        self.node_proxies.insert(node.to_owned(), proxy);
+        Ok(())
     }
 }
 
@@ -300,6 +401,38 @@ fn app_listeners(mesh: &MeshConfig) -> BTreeMap<SocketAddr, String> {
         }
     }
     out
+}
+
+/// Follows the workload API Addresses of the control plane at `ads_uri` over Delta ADS, as a
+/// node proxy's view of the mesh. The returned tasks (the xDS driver and the feed) stop the
+/// subscription when aborted.
+pub fn mesh_over_xds(
+    ads_uri: &str,
+    node: &str,
+) -> (watch::Receiver<MeshConfig>, Vec<JoinHandle<()>>) {
+    let (xds, client) = xds_client(ads_uri, Mode::Delta, node);
+    let (tx, rx) = watch::channel(MeshConfig::default());
+    let tasks = vec![
+        tokio::spawn(xds.run_driver()),
+        tokio::spawn(feed_mesh(client, tx)),
+    ];
+    (rx, tasks)
+}
+
+/// Follows the Ingresses, IngressClasses, TLS Secrets and workload Addresses of the control
+/// plane at `ads_uri` over State-of-the-World ADS, as a gateway's configuration. The returned
+/// tasks stop the subscription when aborted.
+pub fn gateway_config_over_xds(
+    ads_uri: &str,
+    node: &str,
+) -> (watch::Receiver<GatewayConfig>, Vec<JoinHandle<()>>) {
+    let (xds, client) = xds_client(ads_uri, Mode::StateOfTheWorld, node);
+    let (tx, rx) = watch::channel(GatewayConfig::default());
+    let tasks = vec![
+        tokio::spawn(xds.run_driver()),
+        tokio::spawn(feed_gateway(client, tx)),
+    ];
+    (rx, tasks)
 }
 
 /// An xDS client for `node`, with its driver.

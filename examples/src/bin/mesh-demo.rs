@@ -19,7 +19,9 @@ use clap::Parser;
 use http_body_util::{BodyExt, Empty};
 use meshkit_examples::CliError;
 use meshkit_examples::gateway::{BACKEND_IDENTITY, BACKEND_WORKLOAD, EchoReply};
-use meshkit_examples::mesh::{DemoMesh, GATEWAY_ID, MeshOptions, write_samples};
+use meshkit_examples::mesh::{
+    DemoMesh, EnvoyListeners, GATEWAY_ID, MeshOptions, envoy_bootstrap, write_samples,
+};
 use tokio::net::TcpStream;
 
 /// Runs the demo mesh on loopback and checks it end to end.
@@ -38,6 +40,20 @@ struct Args {
     /// Requests per route.
     #[arg(long, default_value_t = 20)]
     requests: usize,
+    /// Address of the HTTP listener the control plane sends an Envoy gateway in LDS (default
+    /// the control plane's, 0.0.0.0:8080).
+    #[arg(long)]
+    envoy_http: Option<SocketAddr>,
+    /// Address of Envoy's HTTPS listener, with --envoy-http (default: none).
+    #[arg(long, requires = "envoy_http")]
+    envoy_https: Option<SocketAddr>,
+    /// Write an Envoy bootstrap (YAML) that takes everything from the control plane over ADS
+    /// to this file, once the mesh is up.
+    #[arg(long)]
+    envoy_bootstrap_out: Option<std::path::PathBuf>,
+    /// The bootstrap speaks Delta ADS instead of State of the World.
+    #[arg(long)]
+    envoy_delta: bool,
 }
 
 /// One route of the sample manifests and the workloads that must answer it.
@@ -153,17 +169,36 @@ async fn run(args: Args) -> Result<bool, CliError> {
         total,
         &format!("sample manifests written to {}", dir.display()),
     );
+    let envoy = args.envoy_http.map(|http| EnvoyListeners {
+        http,
+        https: args.envoy_https,
+    });
     let options = if args.serve {
         MeshOptions {
             http: SocketAddr::from(([127, 0, 0, 1], args.http_port)),
             https: SocketAddr::from(([127, 0, 0, 1], args.https_port)),
+            envoy,
         }
     } else {
-        MeshOptions::default()
+        MeshOptions {
+            envoy,
+            ..MeshOptions::default()
+        }
     };
     let started = Instant::now();
     let mesh = DemoMesh::start(dir.clone(), options, |line| println!("      {line}")).await?;
     step(2, total, &format!("mesh up in {:?}", started.elapsed()));
+    if let Some(path) = &args.envoy_bootstrap_out {
+        let bootstrap = envoy_bootstrap(
+            mesh.control_plane.ads_addr(),
+            "envoy-gateway",
+            args.envoy_delta,
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+        );
+        std::fs::write(path, bootstrap)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("      Envoy bootstrap written to {}", path.display());
+    }
 
     step(
         3,

@@ -34,8 +34,12 @@ struct Args {
     #[arg(long, default_value = "cluster.local")]
     trust_domain: String,
     /// JSON file with the mesh's workloads and services; re-read when it changes.
+    #[arg(long, required_unless_present = "xds", conflicts_with = "xds")]
+    mesh: Option<PathBuf>,
+    /// The control plane's ADS URL (`http://HOST:PORT`): workloads over Delta xDS instead of
+    /// a mesh file.
     #[arg(long)]
-    mesh: PathBuf,
+    xds: Option<String>,
     /// URL of the Istio-protocol CA (`IstioCertificateService`).
     #[arg(long)]
     ca: String,
@@ -124,7 +128,18 @@ async fn run(args: Args) -> Result<(), CliError> {
         config = config.with_outbound(rule);
     }
 
-    let (mesh_tx, mesh_rx) = watch::channel(read_mesh(&args.mesh)?);
+    let Some(mesh_file) = args.mesh.clone() else {
+        // Workloads from the control plane, over Delta ADS.
+        let ads = args.xds.clone().unwrap_or_default();
+        let (mesh_rx, _feed) = meshkit_examples::mesh::mesh_over_xds(&ads, &args.node);
+        let proxy = NodeProxy::start(config, mesh_rx, certs, bundles).await?;
+        tracing::info!(node = %args.node, %ads, outbound = ?proxy.outbound_addrs(), "node proxy ready, workloads over xDS");
+        stop_signal().await;
+        tracing::info!("stopping");
+        proxy.shutdown();
+        return Ok(());
+    };
+    let (mesh_tx, mesh_rx) = watch::channel(read_mesh(&mesh_file)?);
     let proxy = NodeProxy::start(config, mesh_rx, certs, bundles).await?;
     tracing::info!(node = %args.node, outbound = ?proxy.outbound_addrs(), inbound = ?proxy.inbound_addrs(), "node proxy ready");
 
@@ -132,7 +147,7 @@ async fn run(args: Args) -> Result<(), CliError> {
         let mut interval = tokio::time::interval(Duration::from_secs(1));
         loop {
             interval.tick().await;
-            match read_mesh(&args.mesh) {
+            match read_mesh(&mesh_file) {
                 Ok(mesh) => {
                     mesh_tx.send_if_modified(|current| {
                         let changed = *current != mesh;

@@ -12,9 +12,16 @@
 //!
 //! How Ingress semantics map to Envoy routes:
 //!
-//! - Each rule host is a virtual host (`*.example.com` stays a wildcard domain; Envoy's
-//!   wildcard also matches several labels, Kubernetes' only one). Rules without a host go to
-//!   the `*` virtual host. The port of the `Host` header is ignored (`strip_any_host_port`).
+//! - Each rule host is a virtual host. Rules without a host go to the `*` virtual host. The
+//!   port of the `Host` header is ignored (`strip_any_host_port`).
+//! - `*.example.com` stays a wildcard domain, but Envoy's wildcard matches any number of
+//!   labels and Kubernetes' exactly one: each route of a wildcard virtual host also requires
+//!   an `:authority` of one label before the suffix (a case-insensitive regex), and the
+//!   routes of the rules without a host follow, for the other hosts (inverted match), as they
+//!   would reach them in Kubernetes; then the default backend.
+//! - The HTTP connection manager is an edge proxy's (`use_remote_address`): it appends the
+//!   client address to `X-Forwarded-For` and sets `X-Forwarded-Proto`, as meshkit's gateway
+//!   does.
 //! - `Exact` is Envoy `path`; `Prefix` (and `ImplementationSpecific`) is
 //!   `path_separated_prefix` with the trailing slash removed, or `prefix: /` for `/`, so
 //!   `/foo` matches `/foo` and `/foo/bar` but not `/foobar`.
@@ -46,8 +53,8 @@ use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, filter,
 };
 use envoy_types::pb::envoy::config::route::v3::{
-    DirectResponseAction, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route,
-    route_action, route_match,
+    DirectResponseAction, HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost, header_matcher, route, route_action, route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -56,7 +63,8 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CommonTlsContext, DownstreamTlsContext, SdsSecretConfig, Secret, TlsCertificate, secret,
 };
-use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher};
+use envoy_types::pb::google::protobuf::{Any, BoolValue};
 use meshkit_ingress_model::{Ingress, IngressBackend};
 use meshkit_xds_client::{
     CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL, SECRET_TYPE_URL,
@@ -92,6 +100,7 @@ struct Backend<'a> {
 }
 
 /// One Envoy route before ordering.
+#[derive(Clone)]
 struct PathRoute {
     path: String,
     exact: bool,
@@ -453,13 +462,29 @@ fn add_envoy_gateway(b: &mut SnapshotBuilder, set: &ManifestSet, options: &Trans
         hosts.entry("*".to_owned()).or_default();
     }
 
+    // The rules without a host, for the hosts a wildcard domain catches only in Envoy.
+    let mut hostless = hosts.get("*").cloned().unwrap_or_default();
+    sort_paths(&mut hostless);
     let virtual_hosts: Vec<VirtualHost> = hosts
         .into_iter()
         .map(|(domain, mut paths)| {
-            // Longest path first; Exact before Prefix on equal length (stable sort keeps
-            // definition order otherwise).
-            paths.sort_by_key(|r| (std::cmp::Reverse(r.path.len()), !r.exact));
-            let mut routes: Vec<Route> = paths.into_iter().map(envoy_route).collect();
+            sort_paths(&mut paths);
+            let one_label = domain.strip_prefix("*.").map(one_label_authority);
+            let mut routes: Vec<Route> = paths
+                .into_iter()
+                .map(|p| envoy_route(p, one_label.clone()))
+                .collect();
+            if let Some(one_label) = &one_label {
+                routes.extend(hostless.iter().cloned().map(|p| {
+                    envoy_route(
+                        p,
+                        Some(HeaderMatcher {
+                            invert_match: true,
+                            ..one_label.clone()
+                        }),
+                    )
+                }));
+            }
             if let Some(action) = &default_action {
                 routes.push(Route {
                     name: "default-backend".to_owned(),
@@ -563,7 +588,37 @@ fn add_envoy_gateway(b: &mut SnapshotBuilder, set: &ManifestSet, options: &Trans
     add_clusters(b, set, options);
 }
 
-fn envoy_route(r: PathRoute) -> Route {
+/// Longest path first; Exact before Prefix on equal length (a stable sort keeps definition
+/// order otherwise).
+fn sort_paths(paths: &mut [PathRoute]) {
+    paths.sort_by_key(|r| (std::cmp::Reverse(r.path.len()), !r.exact));
+}
+
+/// Matches an `:authority` of exactly one label before `suffix` (any case, optional port).
+fn one_label_authority(suffix: &str) -> HeaderMatcher {
+    let escaped: String = suffix
+        .chars()
+        .flat_map(|c| {
+            let escape = !(c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            escape.then_some('\\').into_iter().chain([c])
+        })
+        .collect();
+    HeaderMatcher {
+        name: ":authority".to_owned(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+            StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::SafeRegex(RegexMatcher {
+                    regex: format!("(?i)^[^.:]+\\.{escaped}(:[0-9]+)?$"),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+fn envoy_route(r: PathRoute, header: Option<HeaderMatcher>) -> Route {
     let specifier = if r.exact {
         route_match::PathSpecifier::Path(r.path.clone())
     } else {
@@ -578,6 +633,7 @@ fn envoy_route(r: PathRoute) -> Route {
         name: format!("{} {}", if r.exact { "Exact" } else { "Prefix" }, r.path),
         r#match: Some(RouteMatch {
             path_specifier: Some(specifier),
+            headers: header.into_iter().collect(),
             ..Default::default()
         }),
         action: Some(r.action),
@@ -595,6 +651,7 @@ fn hcm_filter(route_config: &str) -> Filter {
         strip_port_mode: Some(http_connection_manager::StripPortMode::StripAnyHostPort(
             true,
         )),
+        use_remote_address: Some(BoolValue { value: true }),
         http_filters: vec![HttpFilter {
             name: "envoy.filters.http.router".to_owned(),
             config_type: Some(http_filter::ConfigType::TypedConfig(any_of(
