@@ -16,7 +16,7 @@ use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
     Authorize, SingleIdentity, SpiffeId, SpiffeVerifier, TlsSettings, TrustDomain,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 
@@ -177,6 +177,35 @@ async fn tls_pair(pki: &Pki, peer: Peer) -> tokio_rustls::client::TlsStream<TcpS
         .unwrap()
 }
 
+/// The same TLS stream with the 64 KiB read buffer under rustls that HBONE uses on both ends,
+/// so that the two differ only by HTTP/2.
+async fn tls_pair_buffered(
+    pki: &Pki,
+    peer: Peer,
+) -> tokio_rustls::client::TlsStream<BufReader<TcpStream>> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls()));
+    tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        s.set_nodelay(true).unwrap();
+        let tls = acceptor
+            .accept(BufReader::with_capacity(64 * 1024, s))
+            .await
+            .unwrap();
+        serve_peer(tls, peer).await;
+    });
+    let s = TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(pki.client_tls()))
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
+            BufReader::with_capacity(64 * 1024, s),
+        )
+        .await
+        .unwrap()
+}
+
 /// An HBONE server whose tunnels run `Peer::Sink` for target port 1 and `Peer::Echo` else.
 async fn hbone_server(pki: &Pki) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -225,13 +254,14 @@ fn bench_throughput(c: &mut Criterion) {
     let pki = Pki::new();
     let block = vec![0x5au8; CHUNK];
     let shared = Bytes::from(block.clone());
-    let (mut tcp, mut tls, mut hbone, _client) = rt.block_on(async {
+    let (mut tcp, mut tls, mut tls_buffered, mut hbone, _client) = rt.block_on(async {
         let server = hbone_server(&pki).await;
         let client = pki.client();
         let tunnel = client.open(target(server, Peer::Sink)).await.unwrap();
         (
             tcp_pair(Peer::Sink).await,
             tls_pair(&pki, Peer::Sink).await,
+            tls_pair_buffered(&pki, Peer::Sink).await,
             tunnel,
             client,
         )
@@ -243,6 +273,9 @@ fn bench_throughput(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(8));
     g.bench_function("tcp", |b| b.iter(|| rt.block_on(bulk(&mut tcp, &block))));
     g.bench_function("tls", |b| b.iter(|| rt.block_on(bulk(&mut tls, &block))));
+    g.bench_function("tls_buffered", |b| {
+        b.iter(|| rt.block_on(bulk(&mut tls_buffered, &block)))
+    });
     g.bench_function("hbone", |b| {
         b.iter(|| {
             rt.block_on(async {
@@ -381,6 +414,11 @@ fn main() {
             group: "bulk_64mib",
             subject: "hbone",
             baseline: "tls",
+        },
+        Ratio {
+            group: "bulk_64mib",
+            subject: "hbone",
+            baseline: "tls_buffered",
         },
         Ratio {
             group: "bulk_64mib",

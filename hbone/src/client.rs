@@ -17,7 +17,7 @@ use meshkit_identity::{
     X509Svid,
 };
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
@@ -472,7 +472,10 @@ impl<C: Connect> Client<C> {
         let name = ServerName::IpAddress(target.peer.ip().into());
         let handshake = async {
             let tls = TlsConnector::from(tls)
-                .connect(name, io)
+                .connect(
+                    name,
+                    BufReader::with_capacity(crate::config::READ_BUFFER, io),
+                )
                 .await
                 .map_err(Error::from_tls)?;
             let (send, connection) = config

@@ -16,7 +16,7 @@ use h2::RecvStream;
 use h2::server::SendResponse;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use meshkit_identity::{CertSelector, SpiffeId, accept, peer_spiffe_id};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -326,7 +326,12 @@ where
         let _open = OpenGuard::new(&self.stats);
         let handshake = tokio::time::timeout(
             self.config.handshake_timeout,
-            accept(&*self.selector, io, source, destination),
+            accept(
+                &*self.selector,
+                BufReader::with_capacity(crate::config::READ_BUFFER, io),
+                source,
+                destination,
+            ),
         )
         .await;
         let tls = match handshake {
