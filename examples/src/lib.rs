@@ -115,3 +115,21 @@ pub fn init_logging_quiet() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
+
+/// The `main` of a command-line tool: runs `job` on a runtime of `threads` workers and turns
+/// its outcome into an exit code, printing an error as `NAME: error` on standard error.
+pub fn run_main<F>(name: &str, threads: usize, job: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<(), CliError>>,
+{
+    match runtime(threads)
+        .map_err(CliError::from)
+        .and_then(|rt| rt.block_on(job))
+    {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

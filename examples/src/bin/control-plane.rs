@@ -56,20 +56,7 @@ struct Args {
 fn main() -> ExitCode {
     init_logging();
     let args = Args::parse();
-    let runtime = match meshkit_examples::runtime(2) {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("control-plane: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("control-plane: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    meshkit_examples::run_main("control-plane", 2, run(args))
 }
 
 async fn run(args: Args) -> Result<(), CliError> {

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use meshkit_examples::{
-    CliError, init_logging, load_bundle, load_svid, parse_id, runtime, stop_signal,
+    CliError, init_logging, load_bundle, load_svid, parse_id, run_main, stop_signal,
 };
 use meshkit_hbone::{Client, ClientConfig, Target, copy_bidirectional};
 use tokio::net::TcpListener;
@@ -64,16 +64,7 @@ fn parse_pair(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
 fn main() -> ExitCode {
     init_logging();
     let args = Args::parse();
-    let result = runtime(args.threads)
-        .map_err(CliError::from)
-        .and_then(|rt| rt.block_on(run(args)));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("hbone-connect: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    run_main("hbone-connect", args.threads, run(args))
 }
 
 async fn run(args: Args) -> Result<(), CliError> {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use meshkit_examples::{
-    CliError, init_logging, load_bundle, load_svid, parse_id, runtime, stop_signal,
+    CliError, init_logging, load_bundle, load_svid, parse_id, run_main, stop_signal,
 };
 use meshkit_hbone::{ConnectRequest, Forward, Server, ServerConfig, decide_fn};
 use meshkit_identity::{Authorize, SingleIdentity, SpiffeVerifier, TlsSettings, TrustDomain};
@@ -56,16 +56,7 @@ struct Args {
 fn main() -> ExitCode {
     init_logging();
     let args = Args::parse();
-    let result = runtime(args.threads)
-        .map_err(CliError::from)
-        .and_then(|rt| rt.block_on(run(args)));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("hbone-serve: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    run_main("hbone-serve", args.threads, run(args))
 }
 
 async fn run(args: Args) -> Result<(), CliError> {

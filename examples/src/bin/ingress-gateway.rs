@@ -20,7 +20,7 @@ use std::time::Duration;
 use clap::Parser;
 use meshkit_examples::gateway::{Gateway, GatewayConfig, GatewaySettings, TlsSecret};
 use meshkit_examples::node_proxy::MeshConfig;
-use meshkit_examples::{CliError, init_logging, load_bundle, parse_id, runtime, stop_signal};
+use meshkit_examples::{CliError, init_logging, load_bundle, parse_id, run_main, stop_signal};
 use meshkit_hbone::{Client, ClientConfig};
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{RotationConfig, SvidCache};
@@ -72,16 +72,7 @@ struct Args {
 fn main() -> ExitCode {
     init_logging();
     let args = Args::parse();
-    let result = runtime(args.threads)
-        .map_err(CliError::from)
-        .and_then(|rt| rt.block_on(run(args)));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ingress-gateway: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    run_main("ingress-gateway", args.threads, run(args))
 }
 
 fn read(path: &Path, what: &str) -> Result<String, CliError> {

@@ -18,7 +18,7 @@ use clap::Parser;
 use meshkit_examples::node_proxy::{
     InboundPolicy, MeshConfig, NodeProxy, NodeProxyConfig, OutboundListener,
 };
-use meshkit_examples::{CliError, init_logging, load_bundle, parse_id, runtime, stop_signal};
+use meshkit_examples::{CliError, init_logging, load_bundle, parse_id, run_main, stop_signal};
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{RotationConfig, SvidCache, TrustDomain};
 use tokio::sync::watch;
@@ -83,16 +83,7 @@ fn parse_outbound(s: &str) -> Result<OutboundListener, String> {
 fn main() -> ExitCode {
     init_logging();
     let args = Args::parse();
-    let result = runtime(args.threads)
-        .map_err(CliError::from)
-        .and_then(|rt| rt.block_on(run(args)));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("node-proxy: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    run_main("node-proxy", args.threads, run(args))
 }
 
 fn read_mesh(path: &std::path::Path) -> Result<MeshConfig, CliError> {
