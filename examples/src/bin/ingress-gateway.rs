@@ -38,11 +38,15 @@ struct Args {
     #[arg(long)]
     listen_tls: Option<SocketAddr>,
     /// YAML file with the Ingresses; re-read when it changes.
-    #[arg(long)]
-    ingress: PathBuf,
+    #[arg(long, required_unless_present = "xds", requires = "mesh")]
+    ingress: Option<PathBuf>,
     /// JSON file with the mesh's workloads and services; re-read when it changes.
-    #[arg(long)]
-    mesh: PathBuf,
+    #[arg(long, required_unless_present = "xds", requires = "ingress")]
+    mesh: Option<PathBuf>,
+    /// The control plane's ADS URL (`http://HOST:PORT`): Ingresses, IngressClasses, TLS
+    /// Secrets and workloads over State-of-the-World xDS instead of files.
+    #[arg(long, conflicts_with_all = ["ingress", "mesh", "tls_secrets"])]
+    xds: Option<String>,
     /// `NAMESPACE/NAME=CERT,KEY`: a TLS Secret from PEM files. Repeatable.
     #[arg(long = "tls-secret")]
     tls_secrets: Vec<String>,
@@ -93,12 +97,15 @@ fn load_secret(spec: &str) -> Result<TlsSecret, CliError> {
     })
 }
 
-fn load_config(args: &Args, secrets: &[TlsSecret]) -> Result<GatewayConfig, CliError> {
-    let ingresses =
-        meshkit_ingress_model::manifest::from_yaml_str(&read(&args.ingress, "Ingress")?)
-            .map_err(|e| format!("Ingress file {}: {e}", args.ingress.display()))?;
-    let mesh: MeshConfig = serde_json::from_str(&read(&args.mesh, "mesh")?)
-        .map_err(|e| format!("mesh file {}: {e}", args.mesh.display()))?;
+fn load_config(
+    ingress: &Path,
+    mesh: &Path,
+    secrets: &[TlsSecret],
+) -> Result<GatewayConfig, CliError> {
+    let ingresses = meshkit_ingress_model::manifest::from_yaml_str(&read(ingress, "Ingress")?)
+        .map_err(|e| format!("Ingress file {}: {e}", ingress.display()))?;
+    let mesh: MeshConfig = serde_json::from_str(&read(mesh, "mesh")?)
+        .map_err(|e| format!("mesh file {}: {e}", mesh.display()))?;
     Ok(GatewayConfig {
         ingresses,
         secrets: secrets.to_vec(),
@@ -128,7 +135,21 @@ async fn run(args: Args) -> Result<(), CliError> {
         .iter()
         .map(|s| load_secret(s))
         .collect::<Result<Vec<_>, _>>()?;
-    let (config_tx, config_rx) = watch::channel(load_config(&args, &secrets)?);
+    // Configuration from the control plane over xDS, or from files re-read every second.
+    let files = args.ingress.clone().zip(args.mesh.clone());
+    let (config_tx, config_rx, _feed) = match (&args.xds, &files) {
+        (Some(ads), _) => {
+            let (rx, feed) =
+                meshkit_examples::mesh::gateway_config_over_xds(ads, "ingress-gateway");
+            tracing::info!(%ads, "configuration over xDS");
+            (None, rx, feed)
+        }
+        (None, Some((ingress, mesh))) => {
+            let (tx, rx) = watch::channel(load_config(ingress, mesh, &secrets)?);
+            (Some(tx), rx, Vec::new())
+        }
+        (None, None) => return Err("give --xds, or --ingress and --mesh".into()),
+    };
     let mut settings = GatewaySettings::new(identity);
     if let Some(class) = &args.ingress_class {
         settings = settings.with_ingress_class(class.clone());
@@ -152,10 +173,13 @@ async fn run(args: Args) -> Result<(), CliError> {
     }
 
     let reload = async {
+        let (Some(config_tx), Some((ingress, mesh))) = (&config_tx, &files) else {
+            return std::future::pending().await;
+        };
         let mut interval = tokio::time::interval(Duration::from_secs(1));
         loop {
             interval.tick().await;
-            match load_config(&args, &secrets) {
+            match load_config(ingress, mesh, &secrets) {
                 Ok(config) => {
                     config_tx.send_if_modified(|current| {
                         let changed = *current != config;
