@@ -410,13 +410,9 @@ pub fn mesh_over_xds(
     ads_uri: &str,
     node: &str,
 ) -> (watch::Receiver<MeshConfig>, Vec<JoinHandle<()>>) {
-    let (xds, client) = xds_client(ads_uri, Mode::Delta, node);
+    let (client, driver) = xds_client(ads_uri, Mode::Delta, node);
     let (tx, rx) = watch::channel(MeshConfig::default());
-    let tasks = vec![
-        tokio::spawn(xds.run_driver()),
-        tokio::spawn(feed_mesh(client, tx)),
-    ];
-    (rx, tasks)
+    (rx, vec![driver, tokio::spawn(feed_mesh(client, tx))])
 }
 
 /// Follows the Ingresses, IngressClasses, TLS Secrets and workload Addresses of the control
@@ -426,36 +422,25 @@ pub fn gateway_config_over_xds(
     ads_uri: &str,
     node: &str,
 ) -> (watch::Receiver<GatewayConfig>, Vec<JoinHandle<()>>) {
-    let (xds, client) = xds_client(ads_uri, Mode::StateOfTheWorld, node);
+    let (client, driver) = xds_client(ads_uri, Mode::StateOfTheWorld, node);
     let (tx, rx) = watch::channel(GatewayConfig::default());
-    let tasks = vec![
-        tokio::spawn(xds.run_driver()),
-        tokio::spawn(feed_gateway(client, tx)),
-    ];
-    (rx, tasks)
+    (rx, vec![driver, tokio::spawn(feed_gateway(client, tx))])
 }
 
-/// An xDS client for `node`, with its driver.
-struct Xds {
-    driver: meshkit_xds_client::Driver,
-}
-
-impl Xds {
-    async fn run_driver(self) {
-        if let Err(e) = self.driver.run().await {
-            tracing::warn!(error = %e, "xDS client stopped");
-        }
-    }
-}
-
-fn xds_client(uri: &str, mode: Mode, node: &str) -> (Xds, XdsClient) {
+/// An xDS client for `node`, and the spawned task that drives it.
+fn xds_client(uri: &str, mode: Mode, node: &str) -> (XdsClient, JoinHandle<()>) {
     let node = Node {
         id: node.to_owned(),
         cluster: "meshkit-demo".to_owned(),
         ..Default::default()
     };
     let (client, driver) = XdsClient::new(XdsConfig::new(uri.to_owned(), mode, node));
-    (Xds { driver }, client)
+    let driver = tokio::spawn(async move {
+        if let Err(e) = driver.run().await {
+            tracing::warn!(error = %e, "xDS client stopped");
+        }
+    });
+    (client, driver)
 }
 
 /// Keeps `tx` at the mesh described by the Address resources `client` receives.
