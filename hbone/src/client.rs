@@ -471,13 +471,16 @@ impl<C: Connect> Client<C> {
         .map_err(|e| Error::new(Kind::Connect(e)))?;
         let name = ServerName::IpAddress(target.peer.ip().into());
         let handshake = async {
-            let tls = TlsConnector::from(tls)
+            let mut tls = TlsConnector::from(tls)
                 .connect(
                     name,
                     BufReader::with_capacity(crate::config::READ_BUFFER, io),
                 )
                 .await
                 .map_err(Error::from_tls)?;
+            tls.get_mut()
+                .1
+                .set_buffer_limit(Some(crate::config::WRITE_BUFFER));
             let (send, connection) = config
                 .h2
                 .client_builder()

@@ -335,7 +335,12 @@ where
         )
         .await;
         let tls = match handshake {
-            Ok(Ok((tls, _info))) => tls,
+            Ok(Ok((mut tls, _info))) => {
+                tls.get_mut()
+                    .1
+                    .set_buffer_limit(Some(crate::config::WRITE_BUFFER));
+                tls
+            }
             Ok(Err(e)) => {
                 self.stats
                     .handshake_failures
