@@ -20,6 +20,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 
+/// The allocator of the project's proxy binaries, so that both transports are measured as they
+/// run there (glibc's allocator returns HTTP/2's 1 MiB frame buffers to the kernel and
+/// page-faults them back in on every frame).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BULK: usize = 64 * 1024 * 1024;
 const CHUNK: usize = 1024 * 1024;
 const CLIENT: &str = "spiffe://cluster.local/ns/bench/sa/client";
@@ -406,7 +412,45 @@ fn bench_open(c: &mut Criterion) {
 
 criterion_group!(benches, bench_throughput, bench_round_trip, bench_open);
 
+/// `HBONE_PROFILE_RTT=tls:N` or `hbone:N`: runs N 1 KiB round trips on one thread and exits,
+/// without criterion, so that `valgrind --tool=callgrind` can count the instructions each
+/// transport spends per round trip (see docs/performance.md).
+fn profile_round_trips(spec: &str) {
+    let (kind, n) = spec.split_once(':').expect("HBONE_PROFILE_RTT=KIND:COUNT");
+    let n: usize = n.parse().expect("a round-trip count");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pki = Pki::new();
+    let msg = [7u8; 1024];
+    let mut buf = [0u8; 1024];
+    rt.block_on(async {
+        match kind {
+            "tls" => {
+                let mut tls = tls_pair(&pki, Peer::Echo).await;
+                for _ in 0..n {
+                    ping(&mut tls, &msg, &mut buf).await;
+                }
+            }
+            "hbone" => {
+                let server = hbone_server(&pki).await;
+                let client = pki.client();
+                let mut tunnel = client.open(target(server, Peer::Echo)).await.unwrap();
+                for _ in 0..n {
+                    ping(&mut tunnel, &msg, &mut buf).await;
+                }
+            }
+            other => panic!("unknown transport {other}"),
+        }
+    });
+}
+
 fn main() {
+    if let Ok(spec) = std::env::var("HBONE_PROFILE_RTT") {
+        profile_round_trips(&spec);
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
     report_ratios(&[

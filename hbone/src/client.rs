@@ -510,7 +510,9 @@ impl<C: Connect> Client<C> {
             let mut alive = std::pin::pin!(alive);
             loop {
                 let idle_at = *lock(&driver_state.idle_since) + idle;
+                // Biased: the connection first, the timers after; no random start per poll.
                 tokio::select! {
+                    biased;
                     result = &mut connection => {
                         if let Err(e) = result {
                             tracing::debug!(%peer, error = %e, "HBONE connection failed");

@@ -381,7 +381,9 @@ where
         }
         loop {
             let idle_at = activity.idle_deadline(self.config.idle_timeout);
+            // Biased: the connection first, then its timers and the drain signal.
             tokio::select! {
+                biased;
                 next = conn.accept() => match next {
                     Some(Ok((request, respond))) => {
                         self.stats.streams.fetch_add(1, Ordering::Relaxed);
