@@ -18,7 +18,7 @@ use meshkit_identity::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::runtime::Runtime;
+use tokio::runtime::{Handle, Runtime};
 
 /// The allocator of the project's proxy binaries, so that both transports are measured as they
 /// run there (glibc's allocator returns HTTP/2's 1 MiB frame buffers to the kernel and
@@ -48,12 +48,38 @@ fn h2_settings() -> meshkit_hbone::H2Settings {
     }
 }
 
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+/// The two ends of every exchange, each on a thread of its own, as the proxies run (one
+/// thread per process): the client end on the bench thread, the server end on its own
+/// thread. One end per thread keeps the scheduler out of the comparison: with a shared
+/// work-stealing runtime the tasks of both ends migrate between workers and the bulk ratio
+/// moved by 20% from run to run.
+struct Ends {
+    client: Runtime,
+    server: Runtime,
+}
+
+impl Ends {
+    fn new() -> Self {
+        Self {
+            client: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            server: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap(),
+        }
+    }
+}
+
+/// A loopback listener for a server end; made blocking-free so either runtime can adopt it.
+fn listener() -> (std::net::TcpListener, SocketAddr) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    (l, addr)
 }
 
 struct Pki {
@@ -146,76 +172,64 @@ async fn hbone_sink(tunnel: meshkit_hbone::Tunnel) {
     }
 }
 
-/// A raw TCP connection whose far end runs `peer`.
-async fn tcp_pair(peer: Peer) -> TcpStream {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
+/// A raw TCP server on `server` running `peer` for one connection.
+fn tcp_server(server: &Handle, peer: Peer) -> SocketAddr {
+    let (l, addr) = listener();
+    server.spawn(async move {
+        let (s, _) = TcpListener::from_std(l).unwrap().accept().await.unwrap();
         s.set_nodelay(true).unwrap();
         serve_peer(s, peer).await;
     });
+    addr
+}
+
+async fn tcp_connect(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(addr).await.unwrap();
     s.set_nodelay(true).unwrap();
     s
 }
 
-/// A mutual-TLS 1.3 stream (same provider, certificates and verifiers as HBONE) whose far end
-/// runs `peer`.
-async fn tls_pair(pki: &Pki, peer: Peer) -> tokio_rustls::client::TlsStream<TcpStream> {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+/// A mutual-TLS 1.3 server on `server` (same provider, certificates and verifiers as HBONE)
+/// running `peer` for one connection; `buffered` puts the 64 KiB read buffer HBONE uses under
+/// rustls, so that the two differ only by HTTP/2.
+fn tls_server(server: &Handle, pki: &Pki, peer: Peer, buffered: bool) -> SocketAddr {
+    let (l, addr) = listener();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls()));
-    tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
+    server.spawn(async move {
+        let (s, _) = TcpListener::from_std(l).unwrap().accept().await.unwrap();
         s.set_nodelay(true).unwrap();
-        let tls = acceptor.accept(s).await.unwrap();
-        serve_peer(tls, peer).await;
+        if buffered {
+            let tls = acceptor
+                .accept(BufReader::with_capacity(64 * 1024, s))
+                .await
+                .unwrap();
+            serve_peer(tls, peer).await;
+        } else {
+            serve_peer(acceptor.accept(s).await.unwrap(), peer).await;
+        }
     });
-    let s = TcpStream::connect(addr).await.unwrap();
-    s.set_nodelay(true).unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(pki.client_tls()))
-        .connect(
-            rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
-            s,
-        )
-        .await
-        .unwrap()
+    addr
 }
 
-/// The same TLS stream with the 64 KiB read buffer under rustls that HBONE uses on both ends,
-/// so that the two differ only by HTTP/2.
-async fn tls_pair_buffered(
+async fn tls_connect<IO: AsyncRead + AsyncWrite + Unpin>(
     pki: &Pki,
-    peer: Peer,
-) -> tokio_rustls::client::TlsStream<BufReader<TcpStream>> {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls()));
-    tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
-        s.set_nodelay(true).unwrap();
-        let tls = acceptor
-            .accept(BufReader::with_capacity(64 * 1024, s))
-            .await
-            .unwrap();
-        serve_peer(tls, peer).await;
-    });
-    let s = TcpStream::connect(addr).await.unwrap();
-    s.set_nodelay(true).unwrap();
+    addr: SocketAddr,
+    wrap: impl FnOnce(TcpStream) -> IO,
+) -> tokio_rustls::client::TlsStream<IO> {
+    let s = tcp_connect(addr).await;
     tokio_rustls::TlsConnector::from(Arc::new(pki.client_tls()))
         .connect(
             rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
-            BufReader::with_capacity(64 * 1024, s),
+            wrap(s),
         )
         .await
         .unwrap()
 }
 
-/// An HBONE server whose tunnels run `Peer::Sink` for target port 1 and `Peer::Echo` else.
-async fn hbone_server(pki: &Pki) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+/// An HBONE server on `server` whose tunnels run `Peer::Sink` for target port 1 and
+/// `Peer::Echo` else.
+fn hbone_server(server: &Handle, pki: &Pki) -> SocketAddr {
+    let (l, addr) = listener();
     let service = decide_fn(|req: meshkit_hbone::ConnectRequest| async move {
         if req.target.port() == 1 {
             Decision::accept(hbone_sink)
@@ -223,12 +237,12 @@ async fn hbone_server(pki: &Pki) -> SocketAddr {
             Decision::accept(|tunnel| serve_peer(tunnel, Peer::Echo))
         }
     });
-    let server = Server::new(
+    let hbone = Server::new(
         ServerConfig::default().with_h2(h2_settings()),
         SingleIdentity::new(pki.server_tls()),
         service,
     );
-    tokio::spawn(server.serve(listener));
+    server.spawn(async move { hbone.serve(TcpListener::from_std(l).unwrap()).await });
     addr
 }
 
@@ -256,18 +270,25 @@ async fn bulk<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, block: &[u8]) {
 }
 
 fn bench_throughput(c: &mut Criterion) {
-    let rt = runtime();
+    let ends = Ends::new();
+    let (rt, server) = (&ends.client, ends.server.handle());
     let pki = Pki::new();
     let block = vec![0x5au8; CHUNK];
     let shared = Bytes::from(block.clone());
+    let hbone_addr = hbone_server(server, &pki);
+    let tcp_addr = tcp_server(server, Peer::Sink);
+    let tls_addr = tls_server(server, &pki, Peer::Sink, false);
+    let tls_buffered_addr = tls_server(server, &pki, Peer::Sink, true);
     let (mut tcp, mut tls, mut tls_buffered, mut hbone, _client) = rt.block_on(async {
-        let server = hbone_server(&pki).await;
         let client = pki.client();
-        let tunnel = client.open(target(server, Peer::Sink)).await.unwrap();
+        let tunnel = client.open(target(hbone_addr, Peer::Sink)).await.unwrap();
         (
-            tcp_pair(Peer::Sink).await,
-            tls_pair(&pki, Peer::Sink).await,
-            tls_pair_buffered(&pki, Peer::Sink).await,
+            tcp_connect(tcp_addr).await,
+            tls_connect(&pki, tls_addr, |s| s).await,
+            tls_connect(&pki, tls_buffered_addr, |s| {
+                BufReader::with_capacity(64 * 1024, s)
+            })
+            .await,
             tunnel,
             client,
         )
@@ -308,24 +329,28 @@ async fn ping<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, msg: &[u8], buf: &mu
 }
 
 fn bench_round_trip(c: &mut Criterion) {
-    round_trip_group(c, "round_trip_1kib", runtime());
-    // Everything on one thread: no cross-thread wake-ups between the tasks on the path.
+    let ends = Ends::new();
+    round_trip_group(c, "round_trip_1kib", &ends.client, ends.server.handle());
+    // Both ends on one thread: no wake-ups across threads, so the figure is the CPU each
+    // transport spends per round trip.
     let one = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    round_trip_group(c, "round_trip_1kib_1thread", one);
+    round_trip_group(c, "round_trip_1kib_1thread", &one, one.handle());
 }
 
-fn round_trip_group(c: &mut Criterion, name: &str, rt: Runtime) {
+fn round_trip_group(c: &mut Criterion, name: &str, rt: &Runtime, server: &Handle) {
     let pki = Pki::new();
+    let hbone_addr = hbone_server(server, &pki);
+    let tcp_addr = tcp_server(server, Peer::Echo);
+    let tls_addr = tls_server(server, &pki, Peer::Echo, false);
     let (mut tcp, mut tls, mut hbone, _client) = rt.block_on(async {
-        let server = hbone_server(&pki).await;
         let client = pki.client();
-        let tunnel = client.open(target(server, Peer::Echo)).await.unwrap();
+        let tunnel = client.open(target(hbone_addr, Peer::Echo)).await.unwrap();
         (
-            tcp_pair(Peer::Echo).await,
-            tls_pair(&pki, Peer::Echo).await,
+            tcp_connect(tcp_addr).await,
+            tls_connect(&pki, tls_addr, |s| s).await,
             tunnel,
             client,
         )
@@ -347,13 +372,14 @@ fn round_trip_group(c: &mut Criterion, name: &str, rt: Runtime) {
 }
 
 fn bench_open(c: &mut Criterion) {
-    let rt = runtime();
+    let ends = Ends::new();
+    let (rt, handle) = (&ends.client, ends.server.handle());
     let pki = Pki::new();
-    let (server, warm) = rt.block_on(async {
-        let server = hbone_server(&pki).await;
+    let server = hbone_server(handle, &pki);
+    let warm = rt.block_on(async {
         let client = pki.client();
         drop(client.open(target(server, Peer::Echo)).await.unwrap());
-        (server, client)
+        client
     });
     let svid = pki.ca.issue(id(CLIENT));
     let bundles = Arc::new(pki.ca.bundle_set());
@@ -375,22 +401,19 @@ fn bench_open(c: &mut Criterion) {
     });
     // Baseline for "cold": TCP + the same mutual-TLS handshake, nothing else.
     let tls_config = Arc::new(pki.client_tls());
-    let tls_listener = rt.block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls()));
-        tokio::spawn(async move {
-            loop {
-                let (s, _) = listener.accept().await.unwrap();
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    if let Ok(mut tls) = acceptor.accept(s).await {
-                        let _ = tls.read(&mut [0u8; 1]).await;
-                    }
-                });
-            }
-        });
-        addr
+    let (l, tls_listener) = listener();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls()));
+    handle.spawn(async move {
+        let listener = TcpListener::from_std(l).unwrap();
+        loop {
+            let (s, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(s).await {
+                    let _ = tls.read(&mut [0u8; 1]).await;
+                }
+            });
+        }
     });
     g.bench_function("tls_handshake", |b| {
         b.iter(|| {
@@ -425,18 +448,19 @@ fn profile_round_trips(spec: &str) {
     let pki = Pki::new();
     let msg = [7u8; 1024];
     let mut buf = [0u8; 1024];
+    let tls_addr = tls_server(rt.handle(), &pki, Peer::Echo, false);
+    let hbone_addr = hbone_server(rt.handle(), &pki);
     rt.block_on(async {
         match kind {
             "tls" => {
-                let mut tls = tls_pair(&pki, Peer::Echo).await;
+                let mut tls = tls_connect(&pki, tls_addr, |s| s).await;
                 for _ in 0..n {
                     ping(&mut tls, &msg, &mut buf).await;
                 }
             }
             "hbone" => {
-                let server = hbone_server(&pki).await;
                 let client = pki.client();
-                let mut tunnel = client.open(target(server, Peer::Echo)).await.unwrap();
+                let mut tunnel = client.open(target(hbone_addr, Peer::Echo)).await.unwrap();
                 for _ in 0..n {
                     ping(&mut tunnel, &msg, &mut buf).await;
                 }
