@@ -189,9 +189,13 @@ async fn tcp_connect(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// HBONE's buffers under rustls: a 64 KiB read buffer and 256 KiB of records per write.
+const READ_BUFFER: usize = 64 * 1024;
+const WRITE_BUFFER: usize = 256 * 1024;
+
 /// A mutual-TLS 1.3 server on `server` (same provider, certificates and verifiers as HBONE)
-/// running `peer` for one connection; `buffered` puts the 64 KiB read buffer HBONE uses under
-/// rustls, so that the two differ only by HTTP/2.
+/// running `peer` for one connection; `buffered` gives rustls the buffers HBONE gives it, so
+/// that the two differ only by HTTP/2.
 fn tls_server(server: &Handle, pki: &Pki, peer: Peer, buffered: bool) -> SocketAddr {
     let (l, addr) = listener();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls()));
@@ -199,10 +203,11 @@ fn tls_server(server: &Handle, pki: &Pki, peer: Peer, buffered: bool) -> SocketA
         let (s, _) = TcpListener::from_std(l).unwrap().accept().await.unwrap();
         s.set_nodelay(true).unwrap();
         if buffered {
-            let tls = acceptor
-                .accept(BufReader::with_capacity(64 * 1024, s))
+            let mut tls = acceptor
+                .accept(BufReader::with_capacity(READ_BUFFER, s))
                 .await
                 .unwrap();
+            tls.get_mut().1.set_buffer_limit(Some(WRITE_BUFFER));
             serve_peer(tls, peer).await;
         } else {
             serve_peer(acceptor.accept(s).await.unwrap(), peer).await;
@@ -214,16 +219,21 @@ fn tls_server(server: &Handle, pki: &Pki, peer: Peer, buffered: bool) -> SocketA
 async fn tls_connect<IO: AsyncRead + AsyncWrite + Unpin>(
     pki: &Pki,
     addr: SocketAddr,
+    buffered: bool,
     wrap: impl FnOnce(TcpStream) -> IO,
 ) -> tokio_rustls::client::TlsStream<IO> {
     let s = tcp_connect(addr).await;
-    tokio_rustls::TlsConnector::from(Arc::new(pki.client_tls()))
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(pki.client_tls()))
         .connect(
             rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
             wrap(s),
         )
         .await
-        .unwrap()
+        .unwrap();
+    if buffered {
+        tls.get_mut().1.set_buffer_limit(Some(WRITE_BUFFER));
+    }
+    tls
 }
 
 /// An HBONE server on `server` whose tunnels run `Peer::Sink` for target port 1 and
@@ -284,9 +294,9 @@ fn bench_throughput(c: &mut Criterion) {
         let tunnel = client.open(target(hbone_addr, Peer::Sink)).await.unwrap();
         (
             tcp_connect(tcp_addr).await,
-            tls_connect(&pki, tls_addr, |s| s).await,
-            tls_connect(&pki, tls_buffered_addr, |s| {
-                BufReader::with_capacity(64 * 1024, s)
+            tls_connect(&pki, tls_addr, false, |s| s).await,
+            tls_connect(&pki, tls_buffered_addr, true, |s| {
+                BufReader::with_capacity(READ_BUFFER, s)
             })
             .await,
             tunnel,
@@ -350,7 +360,7 @@ fn round_trip_group(c: &mut Criterion, name: &str, rt: &Runtime, server: &Handle
         let tunnel = client.open(target(hbone_addr, Peer::Echo)).await.unwrap();
         (
             tcp_connect(tcp_addr).await,
-            tls_connect(&pki, tls_addr, |s| s).await,
+            tls_connect(&pki, tls_addr, false, |s| s).await,
             tunnel,
             client,
         )
@@ -453,7 +463,7 @@ fn profile_round_trips(spec: &str) {
     rt.block_on(async {
         match kind {
             "tls" => {
-                let mut tls = tls_connect(&pki, tls_addr, |s| s).await;
+                let mut tls = tls_connect(&pki, tls_addr, false, |s| s).await;
                 for _ in 0..n {
                     ping(&mut tls, &msg, &mut buf).await;
                 }
