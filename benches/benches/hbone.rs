@@ -55,21 +55,31 @@ fn h2_settings() -> meshkit_hbone::H2Settings {
 /// moved by 20% from run to run.
 struct Ends {
     client: Runtime,
-    server: Runtime,
+    server: Handle,
+    /// Dropping it stops the server thread's runtime.
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Ends {
     fn new() -> Self {
+        let current = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let server = current();
+        let handle = server.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            server.block_on(async {
+                let _ = stopped.await;
+            })
+        });
         Self {
-            client: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap(),
-            server: tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap(),
+            client: current(),
+            server: handle,
+            _stop: stop,
         }
     }
 }
@@ -281,7 +291,7 @@ async fn bulk<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, block: &[u8]) {
 
 fn bench_throughput(c: &mut Criterion) {
     let ends = Ends::new();
-    let (rt, server) = (&ends.client, ends.server.handle());
+    let (rt, server) = (&ends.client, &ends.server);
     let pki = Pki::new();
     let block = vec![0x5au8; CHUNK];
     let shared = Bytes::from(block.clone());
@@ -340,7 +350,7 @@ async fn ping<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, msg: &[u8], buf: &mu
 
 fn bench_round_trip(c: &mut Criterion) {
     let ends = Ends::new();
-    round_trip_group(c, "round_trip_1kib", &ends.client, ends.server.handle());
+    round_trip_group(c, "round_trip_1kib", &ends.client, &ends.server);
     // Both ends on one thread: no wake-ups across threads, so the figure is the CPU each
     // transport spends per round trip.
     let one = tokio::runtime::Builder::new_current_thread()
@@ -407,7 +417,7 @@ where
 
 fn bench_open(c: &mut Criterion) {
     let ends = Ends::new();
-    let (rt, handle) = (&ends.client, ends.server.handle());
+    let (rt, handle) = (&ends.client, &ends.server);
     let pki = Pki::new();
     let server = hbone_server(handle, &pki);
     let warm = rt.block_on(async {
