@@ -10,6 +10,12 @@ pub mod gateway;
 pub mod mesh;
 pub mod node_proxy;
 
+/// Every example binary (and test) runs on mimalloc. The proxies move bulk data through
+/// HTTP/2's 1 MiB frame buffers, which glibc's allocator hands back to the kernel on free and
+/// page-faults in again for the next frame; docs/hbone.md (Allocator) has the measurements.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// An error a person can act on: what failed and with which file or value.
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;
 

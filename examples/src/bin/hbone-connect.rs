@@ -9,10 +9,6 @@
 //!
 //! Logs one line per tunnel with the verified server ID; stops on SIGINT/SIGTERM.
 
-/// The process allocator; see docs/performance.md (allocator).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -7,10 +7,6 @@
 //!
 //! Logs one line per tunnel with the verified peer ID; drains and stops on SIGINT/SIGTERM.
 
-/// The process allocator; see docs/performance.md (allocator).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

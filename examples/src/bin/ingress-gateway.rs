@@ -12,10 +12,6 @@
 //! `meshkit_examples::node_proxy::MeshConfig`) are re-read when they change; new requests use
 //! the new configuration, open connections stay. Stops on SIGINT/SIGTERM.
 
-/// The process allocator; see docs/performance.md (allocator).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -8,10 +8,6 @@
 //! cargo run --release -p meshkit-examples --bin mesh-demo -- --serve # then keep serving
 //! ```
 
-/// The process allocator; see docs/performance.md (allocator).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::ExitCode;

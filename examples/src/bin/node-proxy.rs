@@ -9,10 +9,6 @@
 //! The mesh file is the JSON form of `meshkit_examples::node_proxy::MeshConfig` (workloads and
 //! services); it is re-read when it changes. Stops on SIGINT/SIGTERM.
 
-/// The process allocator; see docs/performance.md (allocator).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
