@@ -1,8 +1,11 @@
 //! meshkit-hbone on loopback, each beside its baseline in the same run: bulk throughput
 //! (raw TCP, plain rustls TLS 1.3, HBONE), 1 KiB round trips (TLS, HBONE), and tunnel opening
-//! on a warm pooled connection and on a cold one.
+//! on a warm pooled connection and on a cold one. Each end runs on a thread of its own (see
+//! `Ends`), except in the `round_trip_1kib_1thread` group, which puts both on one thread to
+//! compare CPU per round trip.
 //!
-//! `cargo bench -p meshkit-benches --bench hbone`
+//! `cargo bench -p meshkit-benches --bench hbone`; `HBONE_PROFILE_RTT=hbone:N` (or `tls:N`)
+//! runs N round trips without criterion, for `valgrind --tool=callgrind`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
