@@ -552,6 +552,32 @@ async fn unauthorized_identities_are_refused() {
     tunnel.read_to_end(&mut response).await.expect("read");
     assert!(String::from_utf8_lossy(&response).contains("\"name\":\"web-1\""));
 
+    // An open tunnel of that identity ends when the policy stops admitting it; new ones get
+    // 403; restoring the policy admits it again.
+    let node_b = mesh.node_b.as_ref().expect("node b");
+    let policy = InboundPolicy::any().deny(id(&mesh.td, "shop", "intruder"));
+    let mut open = client
+        .open(Target::new(hbone, web1, client_id.clone(), web_id.clone()))
+        .await
+        .expect("client admitted");
+    node_b.set_policy(policy.clone().deny(client_id.clone()));
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(2), open.read_to_end(&mut rest)).await;
+    assert!(
+        ended.is_ok(),
+        "the tunnel outlived the policy that admitted it"
+    );
+    let err = client
+        .open(Target::new(hbone, web1, client_id.clone(), web_id.clone()))
+        .await
+        .expect_err("denied now");
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(403), "{err}");
+    node_b.set_policy(policy);
+    client
+        .open(Target::new(hbone, web1, client_id.clone(), web_id.clone()))
+        .await
+        .expect("admitted again");
+
     // A CONNECT to a workload that is not the one behind this address: 403.
     let api1 = SocketAddr::new(ip(mesh.net, 13), APP_PORT);
     let err = client

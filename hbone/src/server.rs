@@ -74,6 +74,21 @@ impl Decision {
     }
 }
 
+impl Handler {
+    /// Runs the handler with `tunnel`: what the server does once the 200 is sent. A service
+    /// that wraps another one's decision uses it to add to what runs with the tunnel (for
+    /// example, to close the tunnel when a condition changes).
+    pub fn run(self, tunnel: Tunnel) -> BoxFuture<()> {
+        (self.0)(tunnel)
+    }
+}
+
+impl fmt::Debug for Handler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Handler")
+    }
+}
+
 impl fmt::Debug for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

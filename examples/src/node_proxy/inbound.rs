@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 use meshkit_hbone::{ConnectRequest, Decision, Forward, Server, ServerConfig, decide_fn};
@@ -57,7 +57,7 @@ impl InboundPolicy {
 pub(super) struct InboundState {
     pub(super) node: String,
     pub(super) index: watch::Receiver<Arc<MeshIndex>>,
-    pub(super) policy: Arc<RwLock<InboundPolicy>>,
+    pub(super) policy: Arc<watch::Sender<InboundPolicy>>,
     pub(super) forward: Forward,
     /// Accepted tunnels per (verified peer, target).
     pub(super) accepted: Mutex<BTreeMap<(SpiffeId, SocketAddr), u64>>,
@@ -65,14 +65,11 @@ pub(super) struct InboundState {
 
 /// Decides one CONNECT: the peer is admitted, the target is a workload of this node, it is
 /// the workload whose certificate the peer verified (the destination IP of the connection),
-/// and its application listens on the port. Anything else is 403.
+/// and its application listens on the port. Anything else is 403. An accepted tunnel lives as
+/// long as the policy admits its peer: a policy change that refuses the peer closes it.
 pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decision {
-    let admitted = state
-        .policy
-        .read()
-        .map(|p| p.admits(&req.peer))
-        .unwrap_or(false);
-    if !admitted {
+    let mut policy = state.policy.subscribe();
+    if !policy.borrow_and_update().admits(&req.peer) {
         tracing::info!(peer = %req.peer, target = %req.target, "inbound refused by policy");
         return Decision::refuse(StatusCode::FORBIDDEN);
     }
@@ -89,13 +86,39 @@ pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decisio
         return Decision::refuse(StatusCode::FORBIDDEN);
     }
     tracing::debug!(peer = %req.peer, source = %req.source, target = %req.target, "inbound tunnel");
-    let key = (req.peer.clone(), req.target);
-    let decision = state.forward.decide(req).await;
-    if matches!(decision, Decision::Accept(_)) {
-        let mut accepted = state.accepted.lock().unwrap_or_else(|e| e.into_inner());
-        *accepted.entry(key).or_default() += 1;
+    let (peer, target) = (req.peer.clone(), req.target);
+    match state.forward.decide(req).await {
+        Decision::Accept(handler) => {
+            *state
+                .accepted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry((peer.clone(), target))
+                .or_default() += 1;
+            Decision::accept(move |tunnel| async move {
+                tokio::select! {
+                    () = handler.run(tunnel) => {}
+                    () = refused(&mut policy, &peer) => {
+                        tracing::info!(%peer, %target, "closing inbound tunnel: the policy no longer admits its peer");
+                    }
+                }
+            })
+        }
+        refused => refused,
     }
-    decision
+}
+
+/// Completes when the policy seen through `policy` stops admitting `peer`; never if the
+/// policy can no longer change.
+async fn refused(policy: &mut watch::Receiver<InboundPolicy>, peer: &SpiffeId) {
+    loop {
+        if !policy.borrow_and_update().admits(peer) {
+            return;
+        }
+        if policy.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
 }
 
 /// The HBONE listeners of this node, one per local workload address, sharing one certificate

@@ -39,7 +39,7 @@ mod outbound;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use meshkit_hbone::{Client, ClientConfig, Forward, ServerConfig};
@@ -123,7 +123,7 @@ pub struct NodeProxy {
     tasks: Vec<AbortOnDrop>,
     outbound: Vec<SocketAddr>,
     inbound: watch::Receiver<BTreeSet<SocketAddr>>,
-    policy: Arc<RwLock<InboundPolicy>>,
+    policy: Arc<watch::Sender<InboundPolicy>>,
     state: Arc<InboundState>,
 }
 
@@ -179,7 +179,7 @@ impl NodeProxy {
             tasks.push(AbortOnDrop(task.abort_handle()));
         }
 
-        let policy = Arc::new(RwLock::new(config.policy.clone()));
+        let policy = Arc::new(watch::Sender::new(config.policy.clone()));
         let (published, inbound_rx) = watch::channel(BTreeSet::new());
         let state = Arc::new(InboundState {
             node: config.node.clone(),
@@ -248,12 +248,10 @@ impl NodeProxy {
         self.inbound.clone()
     }
 
-    /// Replaces the inbound policy; new CONNECTs are decided by it.
+    /// Replaces the inbound policy. New CONNECTs are decided by it, and open inbound tunnels
+    /// whose peer it no longer admits are closed.
     pub fn set_policy(&self, policy: InboundPolicy) {
-        match self.policy.write() {
-            Ok(mut p) => *p = policy,
-            Err(e) => *e.into_inner() = policy,
-        }
+        self.policy.send_replace(policy);
     }
 
     /// Tunnels accepted so far, per verified peer identity and target address: which
