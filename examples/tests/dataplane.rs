@@ -337,9 +337,25 @@ async fn ingress_semantics_through_gateway_and_hbone() {
     let (_, body) = mesh.get("shop.example.com", "/api", &[]).await;
     assert_eq!(reply(&body).name, "api-1");
 
+    // Backend connections are reused: more requests to api-1, through new client
+    // connections, open at most one more tunnel to it.
+    let gateway = id(&mesh.td, "ingress", "gateway");
+    let api1 = (gateway.clone(), SocketAddr::new(ip(mesh.net, 13), APP_PORT));
+    let node_a = mesh.node_a.as_ref().expect("node a");
+    let before = node_a.accepted_tunnels().get(&api1).copied().unwrap_or(0);
+    for _ in 0..5 {
+        let (status, body) = mesh.get("shop.example.com", "/api", &[]).await;
+        assert_eq!((status, reply(&body).name.as_str()), (200, "api-1"));
+    }
+    let after = node_a.accepted_tunnels().get(&api1).copied().unwrap_or(0);
+    assert!(
+        after - before <= 1,
+        "{} tunnels for 5 requests",
+        after - before
+    );
+
     // Node B admitted the gateway's verified identity to both web workloads.
     let accepted = mesh.node_b.as_ref().expect("node b").accepted_tunnels();
-    let gateway = id(&mesh.td, "ingress", "gateway");
     for host in [11, 12] {
         let key = (
             gateway.clone(),

@@ -13,6 +13,11 @@
 //!   speaks HTTP/1.1 inside. Endpoints are taken round-robin per service port; an endpoint
 //!   whose tunnel cannot be opened is skipped; 503 when none can. `X-Forwarded-For`,
 //!   `X-Forwarded-Proto` and `Forwarded` name the client.
+//! - **Connection reuse.** A backend connection (HTTP/1.1 in a tunnel of its own) goes back
+//!   to a pool per endpoint once its response has been read to the end, and serves later
+//!   requests from any client; one that closed meanwhile hands its request to a new tunnel. A
+//!   new configuration empties the pool, and a node proxy closes pooled tunnels whose identity
+//!   its policy stops admitting.
 //! - **TLS.** The certificate comes from the Secret that `spec.tls` names for the SNI
 //!   ([`RouteTable::tls_secret_for`]); ALPN offers `h2` and `http/1.1`.
 //!
@@ -148,6 +153,8 @@ struct Shared {
     current: watch::Receiver<Arc<Compiled>>,
     /// Round-robin position per (namespace, service, port); kept across configurations.
     positions: Mutex<HashMap<(String, String, u16), usize>>,
+    /// Idle backend connections, reused across requests.
+    pool: Arc<proxy::BackendPool>,
 }
 
 /// A running gateway: cheap to clone, serves any number of listeners.
@@ -185,6 +192,8 @@ impl Gateway {
             move |c: &GatewayConfig| Arc::new(compile(&settings, c))
         };
         let (tx, rx) = watch::channel(compile(&config.borrow_and_update()));
+        let pool = Arc::new(proxy::BackendPool::default());
+        let idle = pool.clone();
         let task = tokio::spawn(async move {
             while config.changed().await.is_ok() {
                 let next = compile(&config.borrow_and_update());
@@ -193,6 +202,8 @@ impl Gateway {
                     "gateway configuration applied"
                 );
                 tx.send_replace(next);
+                // Endpoints may have moved or changed identity: new connections for all.
+                idle.clear();
             }
         });
         Self {
@@ -201,6 +212,7 @@ impl Gateway {
                 client,
                 current: rx,
                 positions: Mutex::default(),
+                pool,
             }),
             _compiler: Arc::new(CompilerTask(task.abort_handle())),
         }

@@ -1,6 +1,8 @@
 //! One request: route, pick an endpoint, forward over HBONE as HTTP/1.1.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,8 +11,10 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use meshkit_hbone::Target;
+use meshkit_identity::SpiffeId;
 
 use super::Shared;
 
@@ -83,17 +87,33 @@ pub(super) async fn handle(
     let client_version = req.version();
     prepare(&mut req, &host, client, scheme);
     let start = shared.next_endpoint(&namespace, &name, port.port);
+    let mut req = req;
     for i in 0..endpoints.len() {
         let Some(ep) = endpoints.get(start.wrapping_add(i) % endpoints.len()) else {
             continue;
         };
+        tracing::debug!(%host, %path, endpoint = %ep.address, identity = %ep.identity, "forwarding");
+        let key = (ep.hbone, ep.address, ep.identity.clone());
+        // An idle connection to this endpoint first. One that closed since it was pooled
+        // gives the request back, and a new tunnel takes it.
+        if let Some(mut sender) = shared.pool.checkout(&key) {
+            match exchange(&mut sender, req).await {
+                Exchange::Answered(resp) => {
+                    shared.pool.put_back_when_ready(key, sender);
+                    return answer(resp, ep, client_version);
+                }
+                Exchange::Failed(resp) => return answer(resp, ep, client_version),
+                Exchange::NotSent(back) => req = back,
+            }
+        }
+        // The tunnel carries no `Forwarded` header: it serves many clients in turn, and each
+        // request names its own client in its HTTP headers.
         let target = Target::new(
             ep.hbone,
             ep.address,
             shared.settings.identity.clone(),
             ep.identity.clone(),
-        )
-        .forwarded_for(client);
+        );
         let tunnel = match shared.client.open(target).await {
             Ok(tunnel) => tunnel,
             Err(e) => {
@@ -101,31 +121,116 @@ pub(super) async fn handle(
                 continue;
             }
         };
-        tracing::debug!(%host, %path, endpoint = %ep.address, identity = %ep.identity, "forwarding");
-        let mut resp = forward(tunnel, req).await;
-        *resp.version_mut() = client_version;
-        // Which workload answered and the identity its end of the tunnel proved: the tunnel
-        // opens only when the peer presents exactly this identity.
-        let headers = resp.headers_mut();
-        if let Ok(value) = HeaderValue::from_str(ep.identity.as_ref()) {
-            headers.insert(HeaderName::from_static(BACKEND_IDENTITY), value);
-        }
-        if let Ok(value) = HeaderValue::from_str(&ep.workload) {
-            headers.insert(HeaderName::from_static(BACKEND_WORKLOAD), value);
-        }
-        return resp;
+        let mut sender = match connect(tunnel).await {
+            Ok(sender) => sender,
+            Err(resp) => return answer(resp, ep, client_version),
+        };
+        return match exchange(&mut sender, req).await {
+            Exchange::Answered(resp) => {
+                shared.pool.put_back_when_ready(key, sender);
+                answer(resp, ep, client_version)
+            }
+            Exchange::Failed(resp) => answer(resp, ep, client_version),
+            Exchange::NotSent(_) => error(
+                StatusCode::BAD_GATEWAY,
+                "backend connection closed before the request",
+            ),
+        };
     }
     error(StatusCode::SERVICE_UNAVAILABLE, "no endpoint reachable")
 }
 
-/// Sends `req` over `tunnel` as HTTP/1.1 and relays the answer.
-async fn forward(tunnel: meshkit_hbone::Tunnel, req: Request<Incoming>) -> Response<Body> {
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tunnel)).await
-    {
+/// The backend's answer in the client's HTTP version, naming the workload that answered and
+/// the identity its end of the tunnel proved (the tunnel opens only when the peer presents
+/// exactly this identity).
+fn answer(
+    mut resp: Response<Body>,
+    ep: &crate::node_proxy::Endpoint,
+    version: Version,
+) -> Response<Body> {
+    *resp.version_mut() = version;
+    let headers = resp.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(ep.identity.as_ref()) {
+        headers.insert(HeaderName::from_static(BACKEND_IDENTITY), value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&ep.workload) {
+        headers.insert(HeaderName::from_static(BACKEND_WORKLOAD), value);
+    }
+    resp
+}
+
+/// Idle HTTP/1.1 connections to backend workloads, each inside an HBONE tunnel of its own,
+/// by (HBONE address, workload address, workload identity). A connection goes back to the pool
+/// once its response has been read to the end and is taken again only if it is still open, so
+/// a request costs a tunnel and an HTTP/1.1 handshake only when no idle connection is left.
+#[derive(Default)]
+pub(super) struct BackendPool {
+    idle: Mutex<HashMap<PoolKey, Vec<SendRequest<Incoming>>>>,
+}
+
+type PoolKey = (SocketAddr, SocketAddr, SpiffeId);
+
+/// Idle connections kept per endpoint; more are closed when their response ends.
+const MAX_IDLE_PER_ENDPOINT: usize = 64;
+
+impl BackendPool {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PoolKey, Vec<SendRequest<Incoming>>>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An idle connection to `key` that can take a request now; closed ones are dropped.
+    fn checkout(&self, key: &PoolKey) -> Option<SendRequest<Incoming>> {
+        let mut idle = self.lock();
+        let list = idle.get_mut(key)?;
+        while let Some(sender) = list.pop() {
+            if sender.is_ready() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    /// Returns `sender` to the pool once it can take the next request (its response was read
+    /// to the end); drops it if its connection ends first.
+    fn put_back_when_ready(self: &Arc<Self>, key: PoolKey, mut sender: SendRequest<Incoming>) {
+        let pool = Arc::downgrade(self);
+        tokio::spawn(async move {
+            if sender.ready().await.is_err() {
+                return;
+            }
+            let Some(pool) = pool.upgrade() else { return };
+            let mut idle = pool.lock();
+            let list = idle.entry(key).or_default();
+            list.retain(|s| !s.is_closed());
+            if list.len() < MAX_IDLE_PER_ENDPOINT {
+                list.push(sender);
+            }
+        });
+    }
+
+    /// Closes every idle connection (their tunnels end as the senders drop).
+    pub(super) fn clear(&self) {
+        self.lock().clear();
+    }
+}
+
+/// What became of a request given to a backend connection.
+enum Exchange {
+    /// The backend answered; the answer is ready for the client.
+    Answered(Response<Body>),
+    /// The request failed after it was sent: the client gets this error.
+    Failed(Response<Body>),
+    /// The connection could not take the request (it had closed); here it is back.
+    NotSent(Request<Incoming>),
+}
+
+/// Speaks HTTP/1.1 over `tunnel`.
+async fn connect(tunnel: meshkit_hbone::Tunnel) -> Result<SendRequest<Incoming>, Response<Body>> {
+    let (sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tunnel)).await {
         Ok(pair) => pair,
         Err(e) => {
             tracing::info!(error = %e, "HTTP/1.1 handshake over the tunnel failed");
-            return error(StatusCode::BAD_GATEWAY, "backend handshake failed");
+            return Err(error(StatusCode::BAD_GATEWAY, "backend handshake failed"));
         }
     };
     tokio::spawn(async move {
@@ -133,22 +238,29 @@ async fn forward(tunnel: meshkit_hbone::Tunnel, req: Request<Incoming>) -> Respo
             tracing::debug!(error = %e, "backend connection ended with an error");
         }
     });
-    match tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(req)).await {
+    Ok(sender)
+}
+
+/// Sends `req` over `sender` and relays the answer.
+async fn exchange(sender: &mut SendRequest<Incoming>, req: Request<Incoming>) -> Exchange {
+    match tokio::time::timeout(RESPONSE_TIMEOUT, sender.try_send_request(req)).await {
         Ok(Ok(resp)) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             parts.headers.remove(header::TRANSFER_ENCODING);
-            Response::from_parts(parts, body.boxed())
+            Exchange::Answered(Response::from_parts(parts, body.boxed()))
         }
-        Ok(Err(e)) => {
-            tracing::info!(error = %e, "backend request failed");
-            error(StatusCode::BAD_GATEWAY, "backend request failed")
-        }
-        Err(_) => error(StatusCode::GATEWAY_TIMEOUT, "backend timed out"),
+        Ok(Err(mut e)) => match e.take_message() {
+            Some(req) => Exchange::NotSent(req),
+            None => {
+                tracing::info!(error = %e.error(), "backend request failed");
+                Exchange::Failed(error(StatusCode::BAD_GATEWAY, "backend request failed"))
+            }
+        },
+        Err(_) => Exchange::Failed(error(StatusCode::GATEWAY_TIMEOUT, "backend timed out")),
     }
 }
 
-/// The host the client asked for: the URI's authority (HTTP/2, absolute form), else `Host`.
 fn request_host<B>(req: &Request<B>) -> Option<String> {
     if let Some(authority) = req.uri().authority() {
         // Host and port only: userinfo has no place in routing or in `Host`.
