@@ -104,7 +104,7 @@ pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decisio
                 }
             })
         }
-        refused => refused,
+        other => other,
     }
 }
 
