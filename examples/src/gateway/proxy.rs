@@ -87,7 +87,6 @@ pub(super) async fn handle(
     let client_version = req.version();
     prepare(&mut req, &host, client, scheme);
     let start = shared.next_endpoint(&namespace, &name, port.port);
-    let mut req = req;
     for i in 0..endpoints.len() {
         let Some(ep) = endpoints.get(start.wrapping_add(i) % endpoints.len()) else {
             continue;
