@@ -80,6 +80,33 @@ pub async fn stop_signal() {
     }
 }
 
+/// Re-reads a configuration every second with `load` and publishes it on `tx` when it
+/// differs from the current one; a load that fails is logged and the last good value stays.
+/// Never returns.
+pub async fn reload_every_second<T: PartialEq>(
+    tx: &tokio::sync::watch::Sender<T>,
+    what: &str,
+    mut load: impl FnMut() -> Result<T, CliError>,
+) {
+    let mut interval = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        interval.tick().await;
+        match load() {
+            Ok(next) => {
+                tx.send_if_modified(|current| {
+                    let changed = *current != next;
+                    if changed {
+                        tracing::info!("{what} changed");
+                        *current = next;
+                    }
+                    changed
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "keeping the last good {what}"),
+        }
+    }
+}
+
 /// A tokio runtime with `threads` worker threads; one thread means the current-thread
 /// scheduler (everything on the main thread, as a proxy pinned to one core runs).
 ///

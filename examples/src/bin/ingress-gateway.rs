@@ -15,12 +15,13 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 use meshkit_examples::gateway::{Gateway, GatewayConfig, GatewaySettings, TlsSecret};
 use meshkit_examples::node_proxy::MeshConfig;
-use meshkit_examples::{CliError, init_logging, load_bundle, parse_id, run_main, stop_signal};
+use meshkit_examples::{
+    CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
+};
 use meshkit_hbone::{Client, ClientConfig};
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{RotationConfig, SvidCache};
@@ -176,23 +177,10 @@ async fn run(args: Args) -> Result<(), CliError> {
         let (Some(config_tx), Some((ingress, mesh))) = (&config_tx, &files) else {
             return std::future::pending().await;
         };
-        let mut interval = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            interval.tick().await;
-            match load_config(ingress, mesh, &secrets) {
-                Ok(config) => {
-                    config_tx.send_if_modified(|current| {
-                        let changed = *current != config;
-                        if changed {
-                            tracing::info!("configuration files changed");
-                            *current = config;
-                        }
-                        changed
-                    });
-                }
-                Err(e) => tracing::warn!(error = %e, "keeping the last good configuration"),
-            }
-        }
+        reload_every_second(config_tx, "configuration", || {
+            load_config(ingress, mesh, &secrets)
+        })
+        .await
     };
     tokio::select! {
         () = stop_signal() => tracing::info!("stopping"),

@@ -12,13 +12,14 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 use meshkit_examples::node_proxy::{
     InboundPolicy, MeshConfig, NodeProxy, NodeProxyConfig, OutboundListener,
 };
-use meshkit_examples::{CliError, init_logging, load_bundle, parse_id, run_main, stop_signal};
+use meshkit_examples::{
+    CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
+};
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{RotationConfig, SvidCache, TrustDomain};
 use tokio::sync::watch;
@@ -134,25 +135,7 @@ async fn run(args: Args) -> Result<(), CliError> {
     let proxy = NodeProxy::start(config, mesh_rx, certs, bundles).await?;
     tracing::info!(node = %args.node, outbound = ?proxy.outbound_addrs(), inbound = ?proxy.inbound_addrs(), "node proxy ready");
 
-    let reload = async {
-        let mut interval = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            interval.tick().await;
-            match read_mesh(&mesh_file) {
-                Ok(mesh) => {
-                    mesh_tx.send_if_modified(|current| {
-                        let changed = *current != mesh;
-                        if changed {
-                            tracing::info!("mesh file changed");
-                            *current = mesh;
-                        }
-                        changed
-                    });
-                }
-                Err(e) => tracing::warn!(error = %e, "keeping the last good mesh"),
-            }
-        }
-    };
+    let reload = reload_every_second(&mesh_tx, "mesh file", || read_mesh(&mesh_file));
     tokio::select! {
         () = stop_signal() => tracing::info!("stopping"),
         () = reload => {}
