@@ -354,6 +354,16 @@ impl DemoMesh {
 }
 
 impl DemoMesh {
+    /// The TLS Secret `name` as the gateway last received it over xDS.
+    pub fn gateway_secret(&self, name: &str) -> Option<TlsSecret> {
+        self.gateway_config
+            .borrow()
+            .secrets
+            .iter()
+            .find(|s| s.name == name)
+            .cloned()
+    }
+
     /// Stops the node proxy of `node` (its workloads become unreachable through the mesh).
     pub fn stop_node(&mut self, node: &str) {
         if let Some(proxy) = self.node_proxies.remove(node) {

@@ -72,12 +72,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 /// Writes the shop-tls certificate (a self-signed demo CA for shop.example.com) for curl.
 fn shop_ca(mesh: &DemoMesh, dir: &Path) -> String {
     let secret = mesh
-        .gateway_config
-        .borrow()
-        .secrets
-        .iter()
-        .find(|s| s.name == "shop-tls")
-        .cloned()
+        .gateway_secret("shop-tls")
         .expect("the gateway received the shop-tls Secret");
     let path = dir.join("shop-ca.pem");
     std::fs::write(&path, secret.cert_pem).unwrap();

@@ -403,12 +403,7 @@ async fn request(
 /// shop-tls Secret the gateway received over xDS.
 async fn https_request(gateway: SocketAddr, mesh: &DemoMesh) -> Result<String, CliError> {
     let secret = mesh
-        .gateway_config
-        .borrow()
-        .secrets
-        .iter()
-        .find(|s| s.name == "shop-tls")
-        .cloned()
+        .gateway_secret("shop-tls")
         .ok_or("the gateway has no shop-tls Secret")?;
     let expected = meshkit_identity::certs_from_pem(&secret.cert_pem)?;
     let config = rustls::ClientConfig::builder_with_provider(meshkit_identity::default_provider())
