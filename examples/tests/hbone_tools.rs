@@ -5,42 +5,15 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{TrustDomain, certs_to_pem, private_key_to_pem};
+use meshkit_test_support::{KillOnDrop as Proc, free_port, wait_port};
 
 const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
 const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("port {port} did not open");
-}
 
 fn wait_log(path: &Path, needle: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -150,7 +123,7 @@ fn connect_and_serve_tunnel_bytes_log_peers_and_stop_on_sigterm() {
         ],
         &dir.join("serve.log"),
     );
-    wait_port(hbone_port);
+    wait_port(hbone_port, Duration::from_secs(20));
     let mut connect = spawn(
         env!("CARGO_BIN_EXE_hbone-connect"),
         &[

