@@ -26,7 +26,7 @@ use meshkit_examples::gateway::{BACKEND_WORKLOAD, EchoReply};
 use meshkit_examples::mesh::{
     DEMO_TOKENS, DemoMesh, EnvoyListeners, MeshOptions, envoy_bootstrap, write_samples,
 };
-use meshkit_test_support::envoy_path;
+use meshkit_test_support::envoy_command;
 
 /// The demo mesh binds fixed workload addresses: one mesh at a time in this binary.
 static MESH: Mutex<()> = Mutex::new(());
@@ -70,20 +70,9 @@ impl Envoy {
         let admin_path = dir.join(format!("{name}.admin"));
         let _ = std::fs::remove_file(&admin_path);
         let log = dir.join(format!("{name}.log"));
-        let child = Command::new(envoy_path())
-            .arg("-c")
-            .arg(&config)
+        let child = envoy_command(&config, &log)
             .arg("--admin-address-path")
             .arg(&admin_path)
-            .args([
-                "--concurrency",
-                "1",
-                "--disable-hot-restart",
-                "--log-level",
-                "warn",
-            ])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start Envoy");
         let mut envoy = Self {

