@@ -1,9 +1,11 @@
-//! Shared pieces of meshkit's example binaries: loading credentials from PEM files and
-//! waiting for a stop signal.
+//! Shared pieces of meshkit's example binaries: their crypto provider, loading credentials
+//! from PEM files and waiting for a stop signal.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use meshkit_identity::{SpiffeId, TrustBundle, TrustBundleSet, TrustDomain, X509Svid};
+use meshkit_identity::{SpiffeId, TlsSettings, TrustBundle, TrustBundleSet, TrustDomain, X509Svid};
+use rustls::crypto::CryptoProvider;
 
 pub mod control_plane;
 pub mod gateway;
@@ -15,6 +17,42 @@ pub mod node_proxy;
 /// page-faults in again for the next frame; docs/hbone.md (Allocator) has the measurements.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The crypto provider of every TLS endpoint in the example binaries, with TLS 1.3
+/// AES-128-GCM preferred: meshkit-identity's ring [`default_provider`], or aws-lc-rs when this
+/// crate is built with its `aws-lc-rs` feature.
+///
+/// The choice is made here, by the binaries, and not by a feature of the library crates,
+/// which take a provider as a value ([`TlsSettings::with_provider`]). aws-lc-rs seals and
+/// opens AES-GCM records about twice as fast as ring on CPUs with AVX-512 and VAES; see
+/// docs/performance.md.
+///
+/// [`default_provider`]: meshkit_identity::default_provider
+pub fn crypto_provider() -> Arc<CryptoProvider> {
+    #[cfg(feature = "aws-lc-rs")]
+    {
+        static PROVIDER: std::sync::OnceLock<Arc<CryptoProvider>> = std::sync::OnceLock::new();
+        PROVIDER
+            .get_or_init(|| {
+                Arc::new(meshkit_identity::prefer_aes_128_gcm(
+                    rustls::crypto::aws_lc_rs::default_provider(),
+                ))
+            })
+            .clone()
+    }
+    #[cfg(not(feature = "aws-lc-rs"))]
+    meshkit_identity::default_provider()
+}
+
+/// [`TlsSettings`] (ALPN `h2`) with [`crypto_provider`].
+pub fn tls_settings() -> TlsSettings {
+    TlsSettings::default().with_provider(crypto_provider())
+}
+
+/// An HBONE client configuration with the defaults and [`crypto_provider`].
+pub fn hbone_client_config() -> meshkit_hbone::ClientConfig {
+    meshkit_hbone::ClientConfig::default().with_tls(tls_settings())
+}
 
 /// An error a person can act on: what failed and with which file or value.
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;
@@ -164,5 +202,34 @@ where
             eprintln!("{name}: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rustls::{CipherSuite, NamedGroup};
+
+    #[test]
+    fn crypto_provider_follows_the_feature() {
+        let provider = super::crypto_provider();
+        assert_eq!(
+            provider.cipher_suites[0].suite(),
+            CipherSuite::TLS13_AES_128_GCM_SHA256
+        );
+        // aws-lc-rs offers the hybrid post-quantum group; ring has no ML-KEM.
+        let ml_kem = provider
+            .kx_groups
+            .iter()
+            .any(|group| group.name() == NamedGroup::X25519MLKEM768);
+        assert_eq!(ml_kem, cfg!(feature = "aws-lc-rs"));
+        // Every TLS endpoint of the binaries gets it.
+        assert!(std::sync::Arc::ptr_eq(
+            super::tls_settings().provider(),
+            &provider
+        ));
+        assert!(std::sync::Arc::ptr_eq(
+            super::hbone_client_config().tls.provider(),
+            &provider
+        ));
     }
 }

@@ -259,11 +259,8 @@ impl DemoMesh {
         certs.get(&gateway_id).await?;
         let (gateway_config, feed) = gateway_config_over_xds(&control_plane.ads_uri(), "gateway");
         tasks.extend(feed);
-        let hbone = meshkit_hbone::Client::new(
-            meshkit_hbone::ClientConfig::default(),
-            certs,
-            bundles.clone(),
-        );
+        let hbone =
+            meshkit_hbone::Client::new(crate::hbone_client_config(), certs, bundles.clone());
         let gateway = Gateway::new(
             GatewaySettings::new(gateway_id),
             hbone,

@@ -248,6 +248,12 @@ impl Default for ClientConfig {
 }
 
 impl ClientConfig {
+    /// Sets the TLS settings: the crypto provider and the ALPN protocols offered.
+    pub fn with_tls(mut self, tls: TlsSettings) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Sets the HTTP/2 settings.
     pub fn with_h2(mut self, h2: H2Settings) -> Self {
         self.h2 = h2;

@@ -81,7 +81,7 @@ pub use spiffe::{MAX_ID_LEN, MAX_TRUST_DOMAIN_LEN, SpiffeId, SpiffeIdError, Trus
 pub use svid::{
     LeafInfo, SvidError, X509Svid, certs_from_pem, certs_to_pem, parse_leaf, private_key_to_pem,
 };
-pub use tls::{SvidResolver, SvidSource, TlsSettings, default_provider};
+pub use tls::{SvidResolver, SvidSource, TlsSettings, default_provider, prefer_aes_128_gcm};
 pub use verify::{
     Authorize, Authorizer, PeerRole, SpiffeClientVerifier, SpiffeServerVerifier, SpiffeVerifier,
     VerifyError, peer_spiffe_id, verify_error,

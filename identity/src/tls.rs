@@ -24,14 +24,27 @@ use crate::verify::{SpiffeClientVerifier, SpiffeServerVerifier, SpiffeVerifier};
 pub fn default_provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
     PROVIDER
-        .get_or_init(|| {
-            let mut provider = rustls::crypto::ring::default_provider();
-            provider.cipher_suites.sort_by_key(|suite| {
-                suite.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
-            });
-            Arc::new(provider)
-        })
+        .get_or_init(|| Arc::new(prefer_aes_128_gcm(rustls::crypto::ring::default_provider())))
         .clone()
+}
+
+/// `provider` with TLS 1.3 AES-128-GCM moved to the front of its cipher suites, the order
+/// [`default_provider`] uses, for building another provider (aws-lc-rs, for example) the same
+/// way. The other suites keep their order behind it.
+///
+/// ```
+/// let provider = meshkit_identity::prefer_aes_128_gcm(rustls::crypto::ring::default_provider());
+/// assert_eq!(
+///     provider.cipher_suites[0].suite(),
+///     rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
+/// );
+/// ```
+pub fn prefer_aes_128_gcm(mut provider: CryptoProvider) -> CryptoProvider {
+    // A stable sort: only AES-128-GCM moves.
+    provider
+        .cipher_suites
+        .sort_by_key(|suite| suite.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    provider
 }
 
 /// Where a TLS endpoint gets its own certificate: a fixed SVID or the live value of a rotating

@@ -17,7 +17,7 @@ use clap::Parser;
 use meshkit_examples::{
     CliError, init_logging, load_bundle, load_svid, parse_id, run_main, stop_signal,
 };
-use meshkit_hbone::{Client, ClientConfig, Target, copy_bidirectional};
+use meshkit_hbone::{Client, Target, copy_bidirectional};
 use tokio::net::TcpListener;
 
 /// HBONE client: plain TCP in, HTTP/2 CONNECT over mutual TLS 1.3 out.
@@ -72,7 +72,7 @@ async fn run(args: Args) -> Result<(), CliError> {
     let server_id = parse_id("--server-id", &args.server_id)?;
     let bundles = load_bundle(&args.ca, &server_id.trust_domain())?;
     let local = svid.spiffe_id().clone();
-    let client = Client::new(ClientConfig::default(), svid, bundles);
+    let client = Client::new(meshkit_examples::hbone_client_config(), svid, bundles);
 
     let mut tasks = tokio::task::JoinSet::new();
     for (listen, target) in args.listens {

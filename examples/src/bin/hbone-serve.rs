@@ -17,7 +17,7 @@ use meshkit_examples::{
     CliError, init_logging, load_bundle, load_svid, parse_id, run_main, stop_signal,
 };
 use meshkit_hbone::{ConnectRequest, Forward, Server, ServerConfig, decide_fn};
-use meshkit_identity::{Authorize, SingleIdentity, SpiffeVerifier, TlsSettings, TrustDomain};
+use meshkit_identity::{Authorize, SingleIdentity, SpiffeVerifier, TrustDomain};
 use tokio::net::TcpListener;
 
 /// HBONE server: mutual TLS 1.3 + HTTP/2 CONNECT, forwarding each tunnel to its target.
@@ -76,7 +76,7 @@ async fn run(args: Args) -> Result<(), CliError> {
     // Clients are checked against the roots of this server's own trust domain.
     let trust_domain = svid.spiffe_id().trust_domain();
     let bundles = load_bundle(&args.ca, &trust_domain)?;
-    let tls = TlsSettings::default()
+    let tls = meshkit_examples::tls_settings()
         .server_config(svid.clone(), SpiffeVerifier::new(bundles, authorize))?;
 
     let forward = Forward::new().with_proxy_protocol(args.proxy_protocol);

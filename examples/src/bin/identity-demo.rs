@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
-    Authorize, RotationConfig, SingleIdentity, SpiffeId, SpiffeVerifier, SvidCache, TlsSettings,
-    TrustDomain, accept, peer_spiffe_id, verify_error,
+    Authorize, RotationConfig, SingleIdentity, SpiffeId, SpiffeVerifier, SvidCache, TrustDomain,
+    accept, peer_spiffe_id, verify_error,
 };
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -58,7 +58,7 @@ async fn run() -> Result<(), Error> {
         intruder_id
     );
 
-    let tls = TlsSettings::default();
+    let tls = meshkit_examples::tls_settings();
     let server_config = tls.server_config(
         server_svid,
         SpiffeVerifier::new(ca.bundle_set(), Authorize::Exact(client_id.clone())),

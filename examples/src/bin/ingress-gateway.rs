@@ -22,7 +22,7 @@ use meshkit_examples::node_proxy::MeshConfig;
 use meshkit_examples::{
     CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
 };
-use meshkit_hbone::{Client, ClientConfig};
+use meshkit_hbone::Client;
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{RotationConfig, SvidCache};
 use tokio::net::TcpListener;
@@ -129,7 +129,7 @@ async fn run(args: Args) -> Result<(), CliError> {
         ca = ca.with_bearer_token(token)?;
     }
     let certs = SvidCache::new(ca, RotationConfig::default());
-    let client = Client::new(ClientConfig::default(), certs, bundles);
+    let client = Client::new(meshkit_examples::hbone_client_config(), certs, bundles);
 
     let secrets = args
         .tls_secrets

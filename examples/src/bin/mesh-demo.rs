@@ -406,7 +406,7 @@ async fn https_request(gateway: SocketAddr, mesh: &DemoMesh) -> Result<String, C
         .gateway_secret("shop-tls")
         .ok_or("the gateway has no shop-tls Secret")?;
     let expected = meshkit_identity::certs_from_pem(&secret.cert_pem)?;
-    let config = rustls::ClientConfig::builder_with_provider(meshkit_identity::default_provider())
+    let config = rustls::ClientConfig::builder_with_provider(meshkit_examples::crypto_provider())
         .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(Pinned(expected[0].clone().into_owned())))
@@ -467,7 +467,7 @@ impl rustls::client::danger::ServerCertVerifier for Pinned {
             message,
             cert,
             dss,
-            &meshkit_identity::default_provider().signature_verification_algorithms,
+            &meshkit_examples::crypto_provider().signature_verification_algorithms,
         )
     }
 
@@ -481,12 +481,12 @@ impl rustls::client::danger::ServerCertVerifier for Pinned {
             message,
             cert,
             dss,
-            &meshkit_identity::default_provider().signature_verification_algorithms,
+            &meshkit_examples::crypto_provider().signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        meshkit_identity::default_provider()
+        meshkit_examples::crypto_provider()
             .signature_verification_algorithms
             .supported_schemes()
     }

@@ -17,7 +17,7 @@ pub(super) type CertStore = HashMap<(String, String), Arc<CertifiedKey>>;
 
 /// Parses the Secrets; a Secret that does not parse is logged and left out.
 pub(super) fn load(secrets: &[TlsSecret]) -> CertStore {
-    let provider = meshkit_identity::default_provider();
+    let provider = crate::crypto_provider();
     let mut store = HashMap::new();
     for s in secrets {
         match certified_key(s, &provider) {
@@ -80,11 +80,10 @@ impl ResolvesServerCert for SniResolver {
 /// A server configuration that resolves certificates with `resolver`, offering HTTP/2 and
 /// HTTP/1.1.
 pub(super) fn server_config(resolver: SniResolver) -> Result<rustls::ServerConfig, rustls::Error> {
-    let mut config =
-        rustls::ServerConfig::builder_with_provider(meshkit_identity::default_provider())
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_cert_resolver(Arc::new(resolver));
+    let mut config = rustls::ServerConfig::builder_with_provider(crate::crypto_provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use http::StatusCode;
 use meshkit_hbone::{ConnectRequest, Decision, Forward, Server, ServerConfig, decide_fn};
 use meshkit_identity::{
-    Authorize, ByDestinationIp, SpiffeId, SpiffeVerifier, SvidCache, TlsSettings, TrustBundleSet,
+    Authorize, ByDestinationIp, SpiffeId, SpiffeVerifier, SvidCache, TrustBundleSet,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -189,7 +189,7 @@ impl Inbound {
             self.bundles.clone(),
             Authorize::TrustDomain(self.trust_domain.clone()),
         );
-        let tls = TlsSettings::default().server_config(svid, verifier)?;
+        let tls = crate::tls_settings().server_config(svid, verifier)?;
         let listener = TcpListener::bind(SocketAddr::new(ip, self.port)).await?;
         self.selector.insert(ip, tls);
         let state = self.state.clone();

@@ -86,7 +86,7 @@ impl NodeProxyConfig {
             hbone_port: meshkit_hbone::HBONE_PORT,
             outbound: Vec::new(),
             policy: InboundPolicy::default(),
-            client: ClientConfig::default(),
+            client: crate::hbone_client_config(),
             server: ServerConfig::default(),
             retry_interval: Duration::from_secs(2),
         }
