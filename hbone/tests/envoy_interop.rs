@@ -166,10 +166,28 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// TLS settings with aws-lc-rs as the provider: it offers the hybrid post-quantum group
+/// X25519MLKEM768 first, where ring offers X25519.
+fn aws_lc_rs() -> TlsSettings {
+    let provider =
+        meshkit_identity::prefer_aes_128_gcm(rustls::crypto::aws_lc_rs::default_provider());
+    TlsSettings::default().with_provider(Arc::new(provider))
+}
+
 #[tokio::test]
 #[ignore = "needs Envoy; CI runs it with --ignored"]
 async fn meshkit_client_to_envoy_server() {
-    let dir = temp_dir("server");
+    client_to_envoy_server("server", TlsSettings::default()).await;
+}
+
+#[tokio::test]
+#[ignore = "needs Envoy; CI runs it with --ignored"]
+async fn meshkit_client_to_envoy_server_with_aws_lc_rs() {
+    client_to_envoy_server("server-aws-lc-rs", aws_lc_rs()).await;
+}
+
+async fn client_to_envoy_server(name: &str, tls: TlsSettings) {
+    let dir = temp_dir(name);
     let ca = TestCa::new(TrustDomain::new("cluster.local").unwrap());
     write_pki(&ca, &dir, &[("server", ENVOY_SERVER)]);
     let port = free_port();
@@ -179,7 +197,7 @@ async fn meshkit_client_to_envoy_server() {
 
     // Our client presents .../sa/client and accepts only .../sa/server.
     let client = meshkit_hbone::Client::new(
-        ClientConfig::default(),
+        ClientConfig::default().with_tls(tls.clone()),
         ca.issue(id(ENVOY_CLIENT)),
         ca.bundle_set(),
     );
@@ -204,7 +222,7 @@ async fn meshkit_client_to_envoy_server() {
         id("spiffe://cluster.local/ns/default/sa/other"),
     );
     let other_client = meshkit_hbone::Client::new(
-        ClientConfig::default(),
+        ClientConfig::default().with_tls(tls.clone()),
         ca.issue(id(ENVOY_CLIENT)),
         ca.bundle_set(),
     );
@@ -216,7 +234,7 @@ async fn meshkit_client_to_envoy_server() {
         .parse()
         .unwrap();
     let intruder_client = meshkit_hbone::Client::new(
-        ClientConfig::default(),
+        ClientConfig::default().with_tls(tls.clone()),
         ca.issue(intruder.clone()),
         ca.bundle_set(),
     );
@@ -239,7 +257,17 @@ async fn round_trip_fails(mut tunnel: meshkit_hbone::Tunnel) -> bool {
 #[tokio::test]
 #[ignore = "needs Envoy; CI runs it with --ignored"]
 async fn envoy_client_to_meshkit_server() {
-    let dir = temp_dir("client");
+    envoy_client_to_server("client", TlsSettings::default()).await;
+}
+
+#[tokio::test]
+#[ignore = "needs Envoy; CI runs it with --ignored"]
+async fn envoy_client_to_meshkit_server_with_aws_lc_rs() {
+    envoy_client_to_server("client-aws-lc-rs", aws_lc_rs()).await;
+}
+
+async fn envoy_client_to_server(name: &str, tls: TlsSettings) {
+    let dir = temp_dir(name);
     let ca = TestCa::new(TrustDomain::new("cluster.local").unwrap());
     write_pki(&ca, &dir, &[("client", ENVOY_CLIENT)]);
     let backend = echo_backend().await;
@@ -253,7 +281,7 @@ async fn envoy_client_to_meshkit_server() {
         let forward = forward.clone();
         async move { forward.decide(req).await }
     });
-    let tls = TlsSettings::default()
+    let tls = tls
         .server_config(
             ca.issue(id(ENVOY_SERVER)),
             meshkit_identity::SpiffeVerifier::new(
