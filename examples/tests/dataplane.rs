@@ -72,6 +72,9 @@ struct Mesh {
     _gateway: Vec<JoinHandle<std::io::Result<()>>>,
 }
 
+/// The gateway's idle timeout for pooled backend connections in these tests.
+const BACKEND_IDLE: Duration = Duration::from_secs(2);
+
 fn ip(net: u8, host: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 77, net, host))
 }
@@ -171,7 +174,9 @@ impl Mesh {
             ca.issue(gw_id.clone()),
             ca.bundle_set(),
         );
-        let gateway = Gateway::new(GatewaySettings::new(gw_id), client, gateway_rx);
+        // A short idle timeout for pooled backend connections, so that a test can see it.
+        let settings = GatewaySettings::new(gw_id).with_backend_idle_timeout(BACKEND_IDLE);
+        let gateway = Gateway::new(settings, client, gateway_rx);
         let http = TcpListener::bind(SocketAddr::new(ip(net, 3), 0))
             .await
             .expect("bind gateway");
@@ -352,6 +357,17 @@ async fn ingress_semantics_through_gateway_and_hbone() {
         after - before <= 1,
         "{} tunnels for 5 requests",
         after - before
+    );
+    // Left idle past the timeout, the pooled connections are closed: the next request needs
+    // a tunnel of its own.
+    tokio::time::sleep(BACKEND_IDLE + Duration::from_secs(1)).await;
+    let (status, body) = mesh.get("shop.example.com", "/api", &[]).await;
+    assert_eq!((status, reply(&body).name.as_str()), (200, "api-1"));
+    let later = node_a.accepted_tunnels().get(&api1).copied().unwrap_or(0);
+    assert_eq!(
+        later - after,
+        1,
+        "a pooled connection outlived its idle timeout"
     );
 
     // Node B admitted the gateway's verified identity to both web workloads.

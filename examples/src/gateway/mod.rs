@@ -15,9 +15,10 @@
 //!   `X-Forwarded-Proto` and `Forwarded` name the client.
 //! - **Connection reuse.** A backend connection (HTTP/1.1 in a tunnel of its own) goes back
 //!   to a pool per endpoint once its response has been read to the end, and serves later
-//!   requests from any client; one that closed meanwhile hands its request to a new tunnel. A
-//!   new configuration empties the pool, and a node proxy closes pooled tunnels whose identity
-//!   its policy stops admitting.
+//!   requests from any client; one that closed meanwhile hands its request to a new tunnel.
+//!   A connection idle for `backend_idle_timeout` (60 s) is closed, a new configuration
+//!   empties the pool, and a node proxy closes pooled tunnels whose identity its policy stops
+//!   admitting.
 //! - **TLS.** The certificate comes from the Secret that `spec.tls` names for the SNI
 //!   ([`RouteTable::tls_secret_for`]); ALPN offers `h2` and `http/1.1`.
 //!
@@ -111,6 +112,9 @@ pub struct GatewaySettings {
     pub ingress_class: Option<String>,
     /// How long a client connection may take to complete its TLS handshake. Default: 10 s.
     pub tls_handshake_timeout: Duration,
+    /// How long a pooled backend connection may stay without a request before it (and its
+    /// tunnel) is closed. Default: 60 s, as the HBONE client's idle connections.
+    pub backend_idle_timeout: Duration,
 }
 
 impl GatewaySettings {
@@ -122,7 +126,14 @@ impl GatewaySettings {
             hbone_port: meshkit_hbone::HBONE_PORT,
             ingress_class: None,
             tls_handshake_timeout: Duration::from_secs(10),
+            backend_idle_timeout: Duration::from_secs(60),
         }
+    }
+
+    /// Sets how long a pooled backend connection may stay idle.
+    pub fn with_backend_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.backend_idle_timeout = timeout;
+        self
     }
 
     /// Sets the HBONE port of the workloads.
@@ -192,7 +203,7 @@ impl Gateway {
             move |c: &GatewayConfig| Arc::new(compile(&settings, c))
         };
         let (tx, rx) = watch::channel(compile(&config.borrow_and_update()));
-        let pool = Arc::new(proxy::BackendPool::default());
+        let pool = Arc::new(proxy::BackendPool::new(settings.backend_idle_timeout));
         let idle = pool.clone();
         let task = tokio::spawn(async move {
             while config.changed().await.is_ok() {

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -161,19 +162,36 @@ fn answer(
 /// Idle HTTP/1.1 connections to backend workloads, each inside an HBONE tunnel of its own,
 /// by (HBONE address, workload address, workload identity). A connection goes back to the pool
 /// once its response has been read to the end and is taken again only if it is still open, so
-/// a request costs a tunnel and an HTTP/1.1 handshake only when no idle connection is left.
-#[derive(Default)]
+/// a request costs a tunnel and an HTTP/1.1 handshake only when no idle connection is left. A
+/// connection left idle for the pool's idle timeout is closed (its tunnel ends).
 pub(super) struct BackendPool {
-    idle: Mutex<HashMap<PoolKey, Vec<SendRequest<Incoming>>>>,
+    idle: Mutex<HashMap<PoolKey, Vec<Idle>>>,
+    idle_timeout: Duration,
+    next_id: AtomicU64,
 }
 
 type PoolKey = (SocketAddr, SocketAddr, SpiffeId);
+
+/// A pooled connection, with the number that its idle timer removes it by.
+struct Idle {
+    id: u64,
+    sender: SendRequest<Incoming>,
+}
 
 /// Idle connections kept per endpoint; more are closed when their response ends.
 const MAX_IDLE_PER_ENDPOINT: usize = 64;
 
 impl BackendPool {
-    fn lock(&self) -> MutexGuard<'_, HashMap<PoolKey, Vec<SendRequest<Incoming>>>> {
+    /// An empty pool whose connections close after `idle_timeout` without a request.
+    pub(super) fn new(idle_timeout: Duration) -> Self {
+        Self {
+            idle: Mutex::default(),
+            idle_timeout,
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<PoolKey, Vec<Idle>>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -181,28 +199,45 @@ impl BackendPool {
     fn checkout(&self, key: &PoolKey) -> Option<SendRequest<Incoming>> {
         let mut idle = self.lock();
         let list = idle.get_mut(key)?;
-        while let Some(sender) = list.pop() {
-            if sender.is_ready() {
-                return Some(sender);
+        while let Some(entry) = list.pop() {
+            if entry.sender.is_ready() {
+                return Some(entry.sender);
             }
         }
+        idle.remove(key);
         None
     }
 
     /// Returns `sender` to the pool once it can take the next request (its response was read
-    /// to the end); drops it if its connection ends first.
+    /// to the end); drops it if its connection ends first, or once it has been idle for the
+    /// idle timeout.
     fn put_back_when_ready(self: &Arc<Self>, key: PoolKey, mut sender: SendRequest<Incoming>) {
         let pool = Arc::downgrade(self);
         tokio::spawn(async move {
             if sender.ready().await.is_err() {
                 return;
             }
+            let (id, idle_timeout) = {
+                let Some(pool) = pool.upgrade() else { return };
+                let id = pool.next_id.fetch_add(1, Ordering::Relaxed);
+                let mut idle = pool.lock();
+                let list = idle.entry(key.clone()).or_default();
+                list.retain(|entry| !entry.sender.is_closed());
+                if list.len() >= MAX_IDLE_PER_ENDPOINT {
+                    return;
+                }
+                list.push(Idle { id, sender });
+                (id, pool.idle_timeout)
+            };
+            tokio::time::sleep(idle_timeout).await;
+            // Still in the pool (no request took it meanwhile): close it.
             let Some(pool) = pool.upgrade() else { return };
             let mut idle = pool.lock();
-            let list = idle.entry(key).or_default();
-            list.retain(|s| !s.is_closed());
-            if list.len() < MAX_IDLE_PER_ENDPOINT {
-                list.push(sender);
+            if let Some(list) = idle.get_mut(&key) {
+                list.retain(|entry| entry.id != id);
+                if list.is_empty() {
+                    idle.remove(&key);
+                }
             }
         });
     }
