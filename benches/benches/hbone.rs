@@ -6,6 +6,7 @@
 //!
 //! `cargo bench -p meshkit-benches --bench hbone`; `HBONE_PROFILE_RTT=hbone:N` (or `tls:N`)
 //! runs N round trips without criterion, for `valgrind --tool=callgrind`.
+//! `HBONE_BENCH_PROVIDER=aws-lc-rs` runs every transport with aws-lc-rs instead of ring.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -95,6 +96,18 @@ fn listener() -> (std::net::TcpListener, SocketAddr) {
     (l, addr)
 }
 
+/// TLS settings for every transport: ring (meshkit's default provider), or aws-lc-rs when
+/// `HBONE_BENCH_PROVIDER=aws-lc-rs`.
+fn tls_settings() -> TlsSettings {
+    match std::env::var("HBONE_BENCH_PROVIDER").as_deref() {
+        Ok("aws-lc-rs") => TlsSettings::default().with_provider(Arc::new(
+            meshkit_identity::prefer_aes_128_gcm(rustls::crypto::aws_lc_rs::default_provider()),
+        )),
+        Ok("ring") | Err(_) => TlsSettings::default(),
+        Ok(other) => panic!("HBONE_BENCH_PROVIDER={other}: expected ring or aws-lc-rs"),
+    }
+}
+
 struct Pki {
     ca: TestCa,
 }
@@ -107,7 +120,7 @@ impl Pki {
     }
 
     fn server_tls(&self) -> rustls::ServerConfig {
-        TlsSettings::default()
+        tls_settings()
             .server_config(
                 self.ca.issue(id(SERVER)),
                 SpiffeVerifier::new(self.ca.bundle_set(), Authorize::AnyTrusted),
@@ -116,7 +129,7 @@ impl Pki {
     }
 
     fn client_tls(&self) -> rustls::ClientConfig {
-        TlsSettings::default()
+        tls_settings()
             .client_config(
                 self.ca.issue(id(CLIENT)),
                 SpiffeVerifier::new(self.ca.bundle_set(), Authorize::Exact(id(SERVER))),
@@ -126,7 +139,9 @@ impl Pki {
 
     fn client(&self) -> Client {
         Client::new(
-            ClientConfig::default().with_h2(h2_settings()),
+            ClientConfig::default()
+                .with_h2(h2_settings())
+                .with_tls(tls_settings()),
             self.ca.issue(id(CLIENT)),
             self.ca.bundle_set(),
         )
