@@ -456,7 +456,10 @@ fn bench_open(c: &mut Criterion) {
     g.bench_function("cold", |b| {
         b.iter(|| {
             rt.block_on(async {
-                let client = Client::new(ClientConfig::default(), svid.clone(), bundles.clone());
+                let config = ClientConfig::default()
+                    .with_h2(h2_settings())
+                    .with_tls(tls_settings());
+                let client = Client::new(config, svid.clone(), bundles.clone());
                 drop(client.open(target(server, Peer::Echo)).await.unwrap());
             })
         })

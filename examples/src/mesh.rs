@@ -14,9 +14,7 @@ use std::time::Duration;
 use envoy_types::pb::envoy::config::core::v3::{Node, data_source};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{Secret, secret};
 use meshkit_identity::istio::IstioCaClient;
-use meshkit_identity::{
-    RotationConfig, SpiffeId, SvidCache, TrustBundle, TrustBundleSet, TrustDomain,
-};
+use meshkit_identity::{SpiffeId, SvidCache, TrustBundle, TrustBundleSet, TrustDomain};
 use meshkit_xds_client::protocol::Mode;
 use meshkit_xds_client::{ClientConfig as XdsConfig, Resource, WatchEvent, XdsClient};
 use tokio::net::TcpListener;
@@ -237,7 +235,7 @@ impl DemoMesh {
         let mut node_parts = BTreeMap::new();
         for (node, token) in NODES {
             let ca = IstioCaClient::new(ca_channel.clone()).with_bearer_token(token)?;
-            let certs = SvidCache::new(ca, RotationConfig::default());
+            let certs = SvidCache::new(ca, crate::rotation_config());
             let (rx, feed) = mesh_over_xds(&control_plane.ads_uri(), node);
             tasks.extend(feed);
             let proxy = NodeProxy::start(
@@ -255,7 +253,7 @@ impl DemoMesh {
         // The gateway: Ingresses, classes, secrets and workloads over State-of-the-World ADS.
         let gateway_id: SpiffeId = GATEWAY_ID.parse()?;
         let ca = IstioCaClient::new(ca_channel).with_bearer_token(GATEWAY_TOKEN)?;
-        let certs = SvidCache::new(ca, RotationConfig::default());
+        let certs = SvidCache::new(ca, crate::rotation_config());
         certs.get(&gateway_id).await?;
         let (gateway_config, feed) = gateway_config_over_xds(&control_plane.ads_uri(), "gateway");
         tasks.extend(feed);

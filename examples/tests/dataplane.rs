@@ -170,7 +170,7 @@ impl Mesh {
         let (gateway_tx, gateway_rx) = watch::channel(gateway_config);
         let gw_id = id(&td, "ingress", "gateway");
         let client = Client::new(
-            ClientConfig::default(),
+            meshkit_examples::hbone_client_config(),
             ca.issue(gw_id.clone()),
             ca.bundle_set(),
         );
@@ -368,6 +368,18 @@ async fn ingress_semantics_through_gateway_and_hbone() {
         later - after,
         1,
         "a pooled connection outlived its idle timeout"
+    );
+    // Idle spells shorter than the timeout, over more than one timeout in all, keep that one
+    // connection: the timer of an earlier spell does not close it.
+    for _ in 0..3 {
+        tokio::time::sleep(BACKEND_IDLE / 2).await;
+        let (status, body) = mesh.get("shop.example.com", "/api", &[]).await;
+        assert_eq!((status, reply(&body).name.as_str()), (200, "api-1"));
+    }
+    let last = node_a.accepted_tunnels().get(&api1).copied().unwrap_or(0);
+    assert_eq!(
+        last, later,
+        "a connection in use was closed by an idle timer"
     );
 
     // Node B admitted the gateway's verified identity to both web workloads.

@@ -166,8 +166,8 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// TLS settings with aws-lc-rs as the provider: it offers the hybrid post-quantum group
-/// X25519MLKEM768 first, where ring offers X25519.
+/// TLS settings with aws-lc-rs as the provider, for record encryption, key exchange and
+/// signature checks.
 fn aws_lc_rs() -> TlsSettings {
     let provider =
         meshkit_identity::prefer_aes_128_gcm(rustls::crypto::aws_lc_rs::default_provider());

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use rcgen::{CertificateParams, DistinguishedName, KeyPair, SanType};
+use rustls::crypto::CryptoProvider;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use crate::select::BoxFuture;
@@ -89,7 +90,8 @@ pub fn generate_csr(id: &SpiffeId) -> Result<(String, PrivateKeyDer<'static>), C
 }
 
 /// Generates a key, asks `ca` to sign it for `id`, and checks that the answer is a valid SVID
-/// for exactly that ID.
+/// for exactly that ID. The key is loaded with the default provider
+/// ([`default_provider`](crate::default_provider)).
 ///
 /// # Errors
 ///
@@ -99,6 +101,21 @@ pub async fn request_svid<C: CaClient + ?Sized>(
     id: &SpiffeId,
     validity: Duration,
 ) -> Result<X509Svid, CaError> {
+    request_svid_with_provider(ca, id, validity, &crate::default_provider()).await
+}
+
+/// As [`request_svid`], loading the key with `provider`, so that handshakes signed with the
+/// SVID use the provider the rest of the process uses.
+///
+/// # Errors
+///
+/// As [`request_svid`].
+pub async fn request_svid_with_provider<C: CaClient + ?Sized>(
+    ca: &C,
+    id: &SpiffeId,
+    validity: Duration,
+    provider: &CryptoProvider,
+) -> Result<X509Svid, CaError> {
     let (csr_pem, key) = generate_csr(id)?;
     let request = CertificateRequest {
         id: id.clone(),
@@ -106,7 +123,8 @@ pub async fn request_svid<C: CaClient + ?Sized>(
         validity,
     };
     let chain = ca.sign(&request).await?;
-    let svid = X509Svid::from_der(chain, key).map_err(CaError::InvalidSvid)?;
+    let svid =
+        X509Svid::from_der_with_provider(chain, key, provider).map_err(CaError::InvalidSvid)?;
     if svid.spiffe_id() != id {
         return Err(CaError::WrongIdentity {
             requested: id.clone(),

@@ -71,7 +71,9 @@ mod tls;
 mod verify;
 
 pub use bundle::{BundleError, TrustBundle, TrustBundleSet};
-pub use ca::{CaClient, CaError, CertificateRequest, generate_csr, request_svid};
+pub use ca::{
+    CaClient, CaError, CertificateRequest, generate_csr, request_svid, request_svid_with_provider,
+};
 pub use rotate::{RotationConfig, SvidCache};
 pub use select::{
     AcceptError, BoxFuture, ByDestinationIp, BySni, CertSelector, ConnectionInfo, SingleIdentity,

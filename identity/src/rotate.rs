@@ -8,12 +8,14 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{OnceCell, watch};
 use tokio::task::AbortHandle;
 
-use crate::ca::{CaClient, CaError, request_svid};
+use rustls::crypto::CryptoProvider;
+
+use crate::ca::{CaClient, CaError, request_svid_with_provider};
 use crate::spiffe::SpiffeId;
 use crate::svid::X509Svid;
 
-/// When and how the cache renews certificates.
-#[derive(Debug, Clone, PartialEq)]
+/// When and how the cache renews certificates, and the provider that loads their keys.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RotationConfig {
     /// Validity requested from the CA. Default: 24 hours.
@@ -27,6 +29,20 @@ pub struct RotationConfig {
     pub initial_backoff: Duration,
     /// Longest wait between failed renewals; the wait doubles up to it. Default: 60 seconds.
     pub max_backoff: Duration,
+    /// The crypto provider that loads each new SVID's private key, and so signs the
+    /// handshakes made with it. Default: [`default_provider`](crate::default_provider).
+    pub provider: Arc<CryptoProvider>,
+}
+
+impl PartialEq for RotationConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.validity == other.validity
+            && self.refresh_fraction == other.refresh_fraction
+            && self.jitter_fraction == other.jitter_fraction
+            && self.initial_backoff == other.initial_backoff
+            && self.max_backoff == other.max_backoff
+            && Arc::ptr_eq(&self.provider, &other.provider)
+    }
 }
 
 impl Default for RotationConfig {
@@ -37,6 +53,7 @@ impl Default for RotationConfig {
             jitter_fraction: 0.1,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),
+            provider: crate::default_provider(),
         }
     }
 }
@@ -52,6 +69,12 @@ impl RotationConfig {
     pub fn with_refresh(mut self, refresh_fraction: f64, jitter_fraction: f64) -> Self {
         self.refresh_fraction = refresh_fraction.clamp(0.0, 1.0);
         self.jitter_fraction = jitter_fraction.clamp(0.0, self.refresh_fraction);
+        self
+    }
+
+    /// Sets the crypto provider that loads the SVIDs' keys.
+    pub fn with_provider(mut self, provider: Arc<CryptoProvider>) -> Self {
+        self.provider = provider;
         self
     }
 
@@ -139,7 +162,14 @@ impl SvidCache {
             .clone();
         let rx = slot
             .get_or_try_init(|| async {
-                let svid = request_svid(&*self.inner.ca, id, self.inner.config.validity).await?;
+                let config = &self.inner.config;
+                let svid = request_svid_with_provider(
+                    &*self.inner.ca,
+                    id,
+                    config.validity,
+                    &config.provider,
+                )
+                .await?;
                 tracing::info!(%id, not_after = ?svid.not_after(), "obtained SVID");
                 let (tx, rx) = watch::channel(Arc::new(svid));
                 let task = tokio::spawn(renew(
@@ -210,7 +240,7 @@ async fn renew(
         tokio::time::sleep(delay).await;
         let mut backoff = config.initial_backoff;
         loop {
-            match request_svid(&*ca, &id, config.validity).await {
+            match request_svid_with_provider(&*ca, &id, config.validity, &config.provider).await {
                 Ok(svid) => {
                     tracing::info!(%id, not_after = ?svid.not_after(), "renewed SVID");
                     tx.send_replace(Arc::new(svid));

@@ -204,10 +204,23 @@ impl X509Svid {
     /// [`SvidError::Pem`] when either input cannot be read, otherwise as
     /// [`X509Svid::from_der`].
     pub fn from_pem(chain_pem: &str, key_pem: &str) -> Result<Self, SvidError> {
+        Self::from_pem_with_provider(chain_pem, key_pem, &crate::default_provider())
+    }
+
+    /// As [`X509Svid::from_pem`], loading the key with the given crypto provider.
+    ///
+    /// # Errors
+    ///
+    /// As [`X509Svid::from_pem`].
+    pub fn from_pem_with_provider(
+        chain_pem: &str,
+        key_pem: &str,
+        provider: &CryptoProvider,
+    ) -> Result<Self, SvidError> {
         let chain = certs_from_pem(chain_pem)?;
         let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
             .map_err(|e| SvidError::Pem(format!("private key: {e}")))?;
-        Self::from_der(chain, key)
+        Self::from_der_with_provider(chain, key, provider)
     }
 
     /// The SPIFFE ID in the leaf.

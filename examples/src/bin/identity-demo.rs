@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
-    Authorize, RotationConfig, SingleIdentity, SpiffeId, SpiffeVerifier, SvidCache, TrustDomain,
-    accept, peer_spiffe_id, verify_error,
+    Authorize, SingleIdentity, SpiffeId, SpiffeVerifier, SvidCache, TrustDomain, accept,
+    peer_spiffe_id, verify_error,
 };
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,7 +46,7 @@ async fn run() -> Result<(), Error> {
     let intruder_id = SpiffeId::from_istio(&td, "other", "scraper")?;
     println!("[1/4] test CA for trust domain {td}");
 
-    let cache = SvidCache::new(ca.clone(), RotationConfig::default());
+    let cache = SvidCache::new(ca.clone(), meshkit_examples::rotation_config());
     let server_svid = cache.get(&server_id).await?;
     let client_svid = cache.get(&client_id).await?;
     let intruder_svid = cache.get(&intruder_id).await?;

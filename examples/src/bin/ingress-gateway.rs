@@ -23,8 +23,8 @@ use meshkit_examples::{
     CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
 };
 use meshkit_hbone::Client;
+use meshkit_identity::SvidCache;
 use meshkit_identity::istio::IstioCaClient;
-use meshkit_identity::{RotationConfig, SvidCache};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -128,7 +128,7 @@ async fn run(args: Args) -> Result<(), CliError> {
     if let Some(token) = &args.ca_token {
         ca = ca.with_bearer_token(token)?;
     }
-    let certs = SvidCache::new(ca, RotationConfig::default());
+    let certs = SvidCache::new(ca, meshkit_examples::rotation_config());
     let client = Client::new(meshkit_examples::hbone_client_config(), certs, bundles);
 
     let secrets = args

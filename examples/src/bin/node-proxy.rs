@@ -21,7 +21,7 @@ use meshkit_examples::{
     CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
 };
 use meshkit_identity::istio::IstioCaClient;
-use meshkit_identity::{RotationConfig, SvidCache, TrustDomain};
+use meshkit_identity::{SvidCache, TrustDomain};
 use tokio::sync::watch;
 
 /// Node proxy: inbound HBONE per local workload, outbound listeners per service port.
@@ -104,7 +104,7 @@ async fn run(args: Args) -> Result<(), CliError> {
     if let Some(token) = &args.ca_token {
         ca = ca.with_bearer_token(token)?;
     }
-    let certs = SvidCache::new(ca, RotationConfig::default());
+    let certs = SvidCache::new(ca, meshkit_examples::rotation_config());
 
     let mut policy = InboundPolicy::any();
     for id in &args.deny_ids {

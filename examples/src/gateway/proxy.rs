@@ -16,6 +16,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use meshkit_hbone::Target;
 use meshkit_identity::SpiffeId;
+use tokio::sync::oneshot;
 
 use super::Shared;
 
@@ -172,10 +173,12 @@ pub(super) struct BackendPool {
 
 type PoolKey = (SocketAddr, SocketAddr, SpiffeId);
 
-/// A pooled connection, with the number that its idle timer removes it by.
+/// A pooled connection, with the number that its idle timer removes it by. Dropping the entry
+/// (taken for a request, closed, or the pool cleared) drops `_timer`, which ends the timer.
 struct Idle {
     id: u64,
     sender: SendRequest<Incoming>,
+    _timer: oneshot::Sender<()>,
 }
 
 /// Idle connections kept per endpoint; more are closed when their response ends.
@@ -199,13 +202,17 @@ impl BackendPool {
     fn checkout(&self, key: &PoolKey) -> Option<SendRequest<Incoming>> {
         let mut idle = self.lock();
         let list = idle.get_mut(key)?;
+        let mut found = None;
         while let Some(entry) = list.pop() {
             if entry.sender.is_ready() {
-                return Some(entry.sender);
+                found = Some(entry.sender);
+                break;
             }
         }
-        idle.remove(key);
-        None
+        if list.is_empty() {
+            idle.remove(key);
+        }
+        found
     }
 
     /// Returns `sender` to the pool once it can take the next request (its response was read
@@ -217,6 +224,7 @@ impl BackendPool {
             if sender.ready().await.is_err() {
                 return;
             }
+            let (timer, taken) = oneshot::channel();
             let (id, idle_timeout) = {
                 let Some(pool) = pool.upgrade() else { return };
                 let id = pool.next_id.fetch_add(1, Ordering::Relaxed);
@@ -226,10 +234,19 @@ impl BackendPool {
                 if list.len() >= MAX_IDLE_PER_ENDPOINT {
                     return;
                 }
-                list.push(Idle { id, sender });
+                list.push(Idle {
+                    id,
+                    sender,
+                    _timer: timer,
+                });
                 (id, pool.idle_timeout)
             };
-            tokio::time::sleep(idle_timeout).await;
+            // The timer lives as long as the entry: a connection taken for a request ends it
+            // at once, so there is one timer per idle connection, not one per request.
+            tokio::select! {
+                _ = taken => return,
+                () = tokio::time::sleep(idle_timeout) => {}
+            }
             // Still in the pool (no request took it meanwhile): close it.
             let Some(pool) = pool.upgrade() else { return };
             let mut idle = pool.lock();

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use http::StatusCode;
 use meshkit_hbone::{ConnectRequest, Decision, Forward, Server, ServerConfig, decide_fn};
 use meshkit_identity::{
-    Authorize, ByDestinationIp, SpiffeId, SpiffeVerifier, SvidCache, TrustBundleSet,
+    Authorize, ByDestinationIp, SpiffeId, SpiffeVerifier, SvidCache, TlsSettings, TrustBundleSet,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -127,6 +127,8 @@ pub(super) struct Inbound {
     pub(super) trust_domain: meshkit_identity::TrustDomain,
     pub(super) port: u16,
     pub(super) server: ServerConfig,
+    /// Crypto provider and ALPN of the listeners' TLS configs.
+    pub(super) tls: TlsSettings,
     pub(super) certs: SvidCache,
     pub(super) bundles: Arc<TrustBundleSet>,
     pub(super) selector: Arc<ByDestinationIp>,
@@ -189,7 +191,7 @@ impl Inbound {
             self.bundles.clone(),
             Authorize::TrustDomain(self.trust_domain.clone()),
         );
-        let tls = crate::tls_settings().server_config(svid, verifier)?;
+        let tls = self.tls.server_config(svid, verifier)?;
         let listener = TcpListener::bind(SocketAddr::new(ip, self.port)).await?;
         self.selector.insert(ip, tls);
         let state = self.state.clone();

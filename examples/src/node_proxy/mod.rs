@@ -68,7 +68,9 @@ pub struct NodeProxyConfig {
     pub outbound: Vec<OutboundListener>,
     /// Inbound authorization. Default: any identity of the trust domain.
     pub policy: InboundPolicy,
-    /// HBONE client settings (outbound).
+    /// HBONE client settings (outbound). Their TLS settings (crypto provider, ALPN) also build
+    /// the inbound listeners' TLS configs, so both directions use one provider. Default:
+    /// [`hbone_client_config`](crate::hbone_client_config).
     pub client: ClientConfig,
     /// HBONE server settings (inbound).
     pub server: ServerConfig,
@@ -192,6 +194,7 @@ impl NodeProxy {
             trust_domain: config.trust_domain.clone(),
             port: config.hbone_port,
             server: config.server.clone(),
+            tls: config.client.tls.clone(),
             certs,
             bundles,
             selector: Arc::new(ByDestinationIp::new()),
