@@ -606,11 +606,13 @@ async fn unauthorized_identities_are_refused() {
         .expect("client admitted");
     node_b.set_policy(policy.clone().deny(client_id.clone()));
     let mut rest = Vec::new();
-    let ended = tokio::time::timeout(Duration::from_secs(2), open.read_to_end(&mut rest)).await;
-    assert!(
-        ended.is_ok(),
-        "the tunnel outlived the policy that admitted it"
-    );
+    let ended = tokio::time::timeout(Duration::from_secs(2), open.read_to_end(&mut rest))
+        .await
+        .expect("the tunnel outlived the policy that admitted it");
+    // Reset with CONNECT_ERROR: the client reads an error, not a clean end of the data.
+    let err = ended.expect_err("a tunnel cut by the policy must not read as EOF");
+    let connect_error = meshkit_hbone::Reason::CONNECT_ERROR.to_string();
+    assert!(err.to_string().contains(&connect_error), "{err}");
     let err = client
         .open(Target::new(hbone, web1, client_id.clone(), web_id.clone()))
         .await

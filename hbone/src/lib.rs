@@ -88,7 +88,10 @@ pub use server::{
     BoxFuture, ConnectRequest, DecideFn, Decision, Handler, Server, ServerConfig, ServerStats,
     decide_fn,
 };
-pub use tunnel::{RecvHalf, SendHalf, Tunnel};
+pub use tunnel::{RecvHalf, ResetReason, SendHalf, Tunnel};
+
+/// HTTP/2 error codes, as [`Tunnel::reset`] and [`ResetReason::set`] take them.
+pub use h2::Reason;
 
 /// The port HBONE listens on in an ambient mesh.
 pub const HBONE_PORT: u16 = 15008;

@@ -11,6 +11,7 @@ use std::any::Any;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
@@ -22,7 +23,8 @@ pub(crate) type Guard = Arc<dyn Any + Send + Sync>;
 
 /// An open HBONE tunnel: `AsyncRead + AsyncWrite` over one HTTP/2 CONNECT stream.
 ///
-/// Dropping a tunnel that was not shut down resets its stream (RST_STREAM CANCEL).
+/// Dropping a tunnel that was not shut down resets its stream (RST_STREAM CANCEL, or the
+/// reason set through [`Tunnel::reset_reason`]).
 #[derive(Debug)]
 pub struct Tunnel {
     recv: RecvHalf,
@@ -42,7 +44,27 @@ pub struct RecvHalf {
 pub struct SendHalf {
     stream: SendStream<Bytes>,
     shut: bool,
+    /// The RST_STREAM code sent when this half is dropped before it was shut; 0 for h2's own
+    /// (CANCEL, unless the stream has ended).
+    drop_reason: Arc<AtomicU32>,
     _guard: Option<Guard>,
+}
+
+/// Chooses, from outside the task that owns a [`Tunnel`], the RST_STREAM code the tunnel is
+/// reset with when it is dropped before its sending direction has ended (before `shutdown`
+/// or [`SendHalf::finish`]).
+///
+/// By default a dropped tunnel is reset with CANCEL, which the peer reads as EOF. A service
+/// that ends tunnels on purpose (a policy revoked, say) sets an error code first, so that the
+/// peer sees an error and does not take the cut for the end of the data.
+#[derive(Debug, Clone)]
+pub struct ResetReason(Arc<AtomicU32>);
+
+impl ResetReason {
+    /// Resets with `reason` when the tunnel is dropped.
+    pub fn set(&self, reason: Reason) {
+        self.0.store(u32::from(reason), Ordering::Relaxed);
+    }
 }
 
 // === impl Tunnel ===
@@ -59,6 +81,7 @@ impl Tunnel {
             send: SendHalf {
                 stream: send,
                 shut: false,
+                drop_reason: Arc::default(),
                 _guard: guard,
             },
         }
@@ -77,6 +100,12 @@ impl Tunnel {
     /// The sending direction.
     pub fn send_half(&mut self) -> &mut SendHalf {
         &mut self.send
+    }
+
+    /// A handle that sets the RST_STREAM code this tunnel is reset with if it is dropped
+    /// before its sending direction has ended. It stays valid after [`Tunnel::into_split`].
+    pub fn reset_reason(&self) -> ResetReason {
+        ResetReason(self.send.drop_reason.clone())
     }
 
     /// Aborts the tunnel: the peer sees RST_STREAM with `reason`.
@@ -364,4 +393,15 @@ pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
         io::ErrorKind::Other
     };
     io::Error::new(kind, e)
+}
+
+impl Drop for SendHalf {
+    fn drop(&mut self) {
+        // Only a cut sending direction is reset with the chosen reason: once END_STREAM is
+        // queued, the peer has all the data and its EOF is a true one.
+        let reason = self.drop_reason.load(Ordering::Relaxed);
+        if reason != 0 && !self.shut {
+            self.stream.send_reset(Reason::from(reason));
+        }
+    }
 }

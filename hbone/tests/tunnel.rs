@@ -284,6 +284,59 @@ async fn peer_reset_mid_transfer() {
     }
 }
 
+#[tokio::test]
+async fn reset_reason_applies_when_a_split_tunnel_is_dropped() {
+    let pki = Pki::new();
+    // The handler sends "partial" and waits for the client's acknowledgement. Then, by target
+    // port: 1, it sets CONNECT_ERROR and drops its split halves mid-stream; 2, it shuts its
+    // sending direction down first, so the reason does not apply and the client reads EOF; 3,
+    // it drops the halves without a reason: CANCEL, read as EOF.
+    let service = decide_fn(|req: ConnectRequest| async move {
+        let port = req.target.port();
+        Decision::accept(move |tunnel| async move {
+            let reset = tunnel.reset_reason();
+            let (mut recv, mut send) = tunnel.into_split();
+            send.write_all(b"partial").await.unwrap();
+            assert_eq!(recv.chunk().await.unwrap().as_deref(), Some(&b"ack"[..]));
+            match port {
+                1 => reset.set(h2::Reason::CONNECT_ERROR),
+                2 => {
+                    send.shutdown().await.unwrap();
+                    reset.set(h2::Reason::CONNECT_ERROR);
+                }
+                _ => {}
+            }
+            drop((recv, send));
+        })
+    });
+    let server = start(&pki, ServerConfig::default(), service).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    for port in [1, 2, 3] {
+        let mut tunnel = client
+            .open(target(
+                server.addr,
+                SocketAddr::from(([127, 0, 0, 1], port)),
+            ))
+            .await
+            .unwrap();
+        let mut partial = [0u8; 7];
+        tunnel.read_exact(&mut partial).await.unwrap();
+        assert_eq!(&partial, b"partial");
+        tunnel.write_all(b"ack").await.unwrap();
+        let mut rest = Vec::new();
+        let result = tunnel.read_to_end(&mut rest).await;
+        if port == 1 {
+            let err = result.unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+            let reason = h2::Reason::CONNECT_ERROR.to_string();
+            assert!(err.to_string().contains(&reason), "{err}");
+        } else {
+            assert!(result.is_ok(), "port {port}: {result:?}");
+            assert!(rest.is_empty());
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_mib_arrive_intact() {
     const SIZE: usize = 64 * 1024 * 1024;

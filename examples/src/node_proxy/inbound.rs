@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
-use meshkit_hbone::{ConnectRequest, Decision, Forward, Server, ServerConfig, decide_fn};
+use meshkit_hbone::{ConnectRequest, Decision, Forward, Reason, Server, ServerConfig, decide_fn};
 use meshkit_identity::{
     Authorize, ByDestinationIp, SpiffeId, SpiffeVerifier, SvidCache, TlsSettings, TrustBundleSet,
 };
@@ -96,9 +96,17 @@ pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decisio
                 .entry((peer.clone(), target))
                 .or_default() += 1;
             Decision::accept(move |tunnel| async move {
+                // A tunnel cut by the policy is reset with CONNECT_ERROR, not CANCEL, so that
+                // the peer reads an error rather than a clean end of the data. The reason is
+                // set before the handler (and with it the tunnel) is dropped.
+                let reset = tunnel.reset_reason();
+                let revoked = async {
+                    refused(&mut policy, &peer).await;
+                    reset.set(Reason::CONNECT_ERROR);
+                };
                 tokio::select! {
                     () = handler.run(tunnel) => {}
-                    () = refused(&mut policy, &peer) => {
+                    () = revoked => {
                         tracing::info!(%peer, %target, "closing inbound tunnel: the policy no longer admits its peer");
                     }
                 }
