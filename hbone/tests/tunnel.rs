@@ -22,6 +22,16 @@ fn target(server: SocketAddr, destination: SocketAddr) -> Target {
     Target::new(server, destination, id(CLIENT), id(SERVER))
 }
 
+/// A tunnel through `server` to 127.0.0.1:`port`, for services that decide by the port alone.
+async fn open_to_port(
+    client: &meshkit_hbone::Client,
+    server: SocketAddr,
+    port: u16,
+) -> meshkit_hbone::Tunnel {
+    let destination = SocketAddr::from(([127, 0, 0, 1], port));
+    client.open(target(server, destination)).await.unwrap()
+}
+
 #[tokio::test]
 async fn echo_through_the_forwarder() {
     let pki = Pki::new();
@@ -264,13 +274,7 @@ async fn peer_reset_mid_transfer() {
     let server = start(&pki, ServerConfig::default(), service).await;
     let client = pki.client(CLIENT, ClientConfig::default());
     for (port, graceful) in [(1, false), (2, true)] {
-        let mut tunnel = client
-            .open(target(
-                server.addr,
-                SocketAddr::from(([127, 0, 0, 1], port)),
-            ))
-            .await
-            .unwrap();
+        let mut tunnel = open_to_port(&client, server.addr, port).await;
         tunnel.write_all(&[1u8; 10]).await.unwrap();
         let mut got = Vec::new();
         let result = tunnel.read_to_end(&mut got).await;
@@ -312,13 +316,7 @@ async fn reset_reason_applies_when_a_split_tunnel_is_dropped() {
     let server = start(&pki, ServerConfig::default(), service).await;
     let client = pki.client(CLIENT, ClientConfig::default());
     for port in [1, 2, 3] {
-        let mut tunnel = client
-            .open(target(
-                server.addr,
-                SocketAddr::from(([127, 0, 0, 1], port)),
-            ))
-            .await
-            .unwrap();
+        let mut tunnel = open_to_port(&client, server.addr, port).await;
         let mut partial = [0u8; 7];
         tunnel.read_exact(&mut partial).await.unwrap();
         assert_eq!(&partial, b"partial");
