@@ -16,6 +16,8 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group};
 use meshkit_benches::{Ratio, report_ratios};
 use meshkit_hbone::{Client, ClientConfig, Decision, Server, ServerConfig, Target, decide_fn};
+// HBONE's buffers under rustls, which "TLS, buffered" gets too.
+use meshkit_hbone::{TLS_READ_BUFFER as READ_BUFFER, TLS_WRITE_BUFFER as WRITE_BUFFER};
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
     Authorize, SingleIdentity, SpiffeId, SpiffeVerifier, TlsSettings, TrustDomain,
@@ -216,10 +218,6 @@ async fn tcp_connect(addr: SocketAddr) -> TcpStream {
     s.set_nodelay(true).unwrap();
     s
 }
-
-/// HBONE's buffers under rustls: a 64 KiB read buffer and 256 KiB of records per write.
-const READ_BUFFER: usize = 64 * 1024;
-const WRITE_BUFFER: usize = 256 * 1024;
 
 /// A mutual-TLS 1.3 server on `server` (same provider, certificates and verifiers as HBONE)
 /// running `peer` for one connection; `buffered` gives rustls the buffers HBONE gives it, so

@@ -478,15 +478,12 @@ impl<C: Connect> Client<C> {
         let name = ServerName::IpAddress(target.peer.ip().into());
         let handshake = async {
             let mut tls = TlsConnector::from(tls)
-                .connect(
-                    name,
-                    BufReader::with_capacity(crate::config::READ_BUFFER, io),
-                )
+                .connect(name, BufReader::with_capacity(crate::TLS_READ_BUFFER, io))
                 .await
                 .map_err(Error::from_tls)?;
             tls.get_mut()
                 .1
-                .set_buffer_limit(Some(crate::config::WRITE_BUFFER));
+                .set_buffer_limit(Some(crate::TLS_WRITE_BUFFER));
             let (send, connection) = config
                 .h2
                 .client_builder()

@@ -5,13 +5,13 @@ use std::time::Duration;
 /// Size of the read buffer under TLS. rustls reads the socket about 4 KiB at a time; a buffer
 /// beneath it turns a burst of records into one `read` system call instead of one per 4 KiB,
 /// at the price of one copy of the ciphertext, which is cheaper than the calls it saves.
-pub(crate) const READ_BUFFER: usize = 64 * 1024;
+pub const TLS_READ_BUFFER: usize = 64 * 1024;
 
 /// How much encrypted data rustls may hold before it must be written (rustls's default is
 /// 64 KiB). A bulk HTTP/2 write is encrypted in 256 KiB steps, and each step goes to the socket
 /// in one `writev` of 16 records instead of four: measured with the process pair on loopback,
 /// about 7% more throughput (docs/performance.md).
-pub(crate) const WRITE_BUFFER: usize = 256 * 1024;
+pub const TLS_WRITE_BUFFER: usize = 256 * 1024;
 
 /// HTTP/2 settings of an HBONE connection.
 ///

@@ -80,7 +80,7 @@ mod tunnel;
 pub use client::{
     Client, ClientConfig, Connect, IdentityProvider, Target, TcpConnector, TunnelConnector,
 };
-pub use config::H2Settings;
+pub use config::{H2Settings, TLS_READ_BUFFER, TLS_WRITE_BUFFER};
 pub use copy::{Copied, copy_bidirectional, socket_to_tunnel, tunnel_to_socket};
 pub use error::Error;
 pub use forward::Forward;

@@ -343,7 +343,7 @@ where
             self.config.handshake_timeout,
             accept(
                 &*self.selector,
-                BufReader::with_capacity(crate::config::READ_BUFFER, io),
+                BufReader::with_capacity(crate::TLS_READ_BUFFER, io),
                 source,
                 destination,
             ),
@@ -353,7 +353,7 @@ where
             Ok(Ok((mut tls, _info))) => {
                 tls.get_mut()
                     .1
-                    .set_buffer_limit(Some(crate::config::WRITE_BUFFER));
+                    .set_buffer_limit(Some(crate::TLS_WRITE_BUFFER));
                 tls
             }
             Ok(Err(e)) => {
