@@ -347,12 +347,13 @@ async fn ingress_semantics_through_gateway_and_hbone() {
     let gateway = id(&mesh.td, "ingress", "gateway");
     let api1 = (gateway.clone(), SocketAddr::new(ip(mesh.net, 13), APP_PORT));
     let node_a = mesh.node_a.as_ref().expect("node a");
-    let before = node_a.accepted_tunnels().get(&api1).copied().unwrap_or(0);
+    let tunnels_to_api1 = || node_a.accepted_tunnels().get(&api1).copied().unwrap_or(0);
+    let before = tunnels_to_api1();
     for _ in 0..5 {
         let (status, body) = mesh.get("shop.example.com", "/api", &[]).await;
         assert_eq!((status, reply(&body).name.as_str()), (200, "api-1"));
     }
-    let after = node_a.accepted_tunnels().get(&api1).copied().unwrap_or(0);
+    let after = tunnels_to_api1();
     assert!(
         after - before <= 1,
         "{} tunnels for 5 requests",
@@ -363,7 +364,7 @@ async fn ingress_semantics_through_gateway_and_hbone() {
     tokio::time::sleep(BACKEND_IDLE + Duration::from_secs(1)).await;
     let (status, body) = mesh.get("shop.example.com", "/api", &[]).await;
     assert_eq!((status, reply(&body).name.as_str()), (200, "api-1"));
-    let later = node_a.accepted_tunnels().get(&api1).copied().unwrap_or(0);
+    let later = tunnels_to_api1();
     assert_eq!(
         later - after,
         1,
@@ -376,7 +377,7 @@ async fn ingress_semantics_through_gateway_and_hbone() {
         let (status, body) = mesh.get("shop.example.com", "/api", &[]).await;
         assert_eq!((status, reply(&body).name.as_str()), (200, "api-1"));
     }
-    let last = node_a.accepted_tunnels().get(&api1).copied().unwrap_or(0);
+    let last = tunnels_to_api1();
     assert_eq!(
         last, later,
         "a connection in use was closed by an idle timer"
