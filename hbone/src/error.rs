@@ -6,7 +6,9 @@ use std::io;
 use http::StatusCode;
 use meshkit_identity::VerifyError;
 
-/// An HBONE error. Ask it what happened with the `is_*` accessors; `Display` says it in words.
+/// An HBONE error. Ask it what happened with the `is_*` accessors; `Display` says what failed
+/// at this level and [`source`](std::error::Error::source) holds the cause (the I/O, TLS,
+/// identity or HTTP/2 error), so print the chain to see both.
 pub struct Error {
     kind: Kind,
 }
@@ -138,12 +140,13 @@ impl fmt::Debug for Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Connect(e) => write!(f, "connecting to the HBONE peer failed: {e}"),
+            // The cause of these is in `source()`, not repeated here.
+            Kind::Connect(_) => f.write_str("connecting to the HBONE peer failed"),
             Kind::Timeout(what) => write!(f, "timed out: {what}"),
-            Kind::Tls(e) => write!(f, "TLS with the HBONE peer failed: {e}"),
-            Kind::PeerIdentity(e) => write!(f, "HBONE peer identity refused: {e}"),
+            Kind::Tls(_) => f.write_str("TLS with the HBONE peer failed"),
+            Kind::PeerIdentity(_) => f.write_str("HBONE peer identity refused"),
             Kind::LocalIdentity(e) => write!(f, "local identity unavailable: {e}"),
-            Kind::H2(e) => write!(f, "HTTP/2: {e}"),
+            Kind::H2(_) => f.write_str("HTTP/2 connection or stream failed"),
             Kind::Status(s) => write!(f, "HBONE peer answered CONNECT with {s}"),
             Kind::InvalidTarget(e) => write!(f, "invalid HBONE target: {e}"),
             Kind::Closed => f.write_str("HBONE endpoint is shut down"),
@@ -159,5 +162,67 @@ impl std::error::Error for Error {
             Kind::H2(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+/// Shows an error with its chain of sources, `what: why: root cause`, for logs. A source whose
+/// message its parent already ends with is left out (some dependencies print their cause).
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            let message = e.to_string();
+            if !shown.ends_with(&message) {
+                write!(f, ": {message}")?;
+            }
+            shown = message;
+            next = e.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_is_this_level_only_and_the_cause_is_the_source() {
+        let err = Error::new(Kind::Connect(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        )));
+        assert_eq!(err.to_string(), "connecting to the HBONE peer failed");
+        let cause = std::error::Error::source(&err).expect("the I/O error");
+        assert_eq!(cause.to_string(), "connection refused");
+        assert_eq!(
+            Chain(&err).to_string(),
+            "connecting to the HBONE peer failed: connection refused"
+        );
+    }
+
+    #[test]
+    fn chain_leaves_out_a_cause_its_parent_already_printed() {
+        #[derive(Debug)]
+        struct Loud(io::Error);
+        impl fmt::Display for Loud {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "loud: {}", self.0)
+            }
+        }
+        impl std::error::Error for Loud {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let err = Error::new(Kind::Tls(io::Error::other(Loud(io::Error::other("eof")))));
+        assert_eq!(
+            Chain(&err).to_string(),
+            "TLS with the HBONE peer failed: loud: eof"
+        );
     }
 }

@@ -7,13 +7,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::StatusCode;
+use meshkit_identity::BoxFuture;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_service::Service;
 
 use crate::copy::copy_bidirectional;
 use crate::proxy_protocol;
-use crate::server::{BoxFuture, ConnectRequest, Decision};
+use crate::server::{ConnectRequest, Decision};
 
 type Policy = Arc<dyn Fn(&ConnectRequest) -> bool + Send + Sync>;
 
@@ -84,7 +85,7 @@ impl fmt::Debug for Forward {
 impl Service<ConnectRequest> for Forward {
     type Response = Decision;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Decision, Infallible>>;
+    type Future = BoxFuture<'static, Result<Decision, Infallible>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))

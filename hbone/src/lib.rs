@@ -13,6 +13,9 @@
 //!   credit is released as data is read; [`SendHalf::send`] passes `Bytes` without copying.
 //! - [`copy_bidirectional`]: tunnel ⇄ socket with adaptive buffers and half-close both ways.
 //! - [`proxy_protocol`]: PROXY v2 headers carrying the peer's SPIFFE ID (TLV 0xD0).
+//! - [`Executor`]: where the background tasks of both ends run (client connection drivers,
+//!   server connections and streams), as hyper takes one; [`TokioExecutor`] (`tokio::spawn`)
+//!   unless [`ClientConfig::with_executor`] / [`ServerConfig::with_executor`] say otherwise.
 //!
 //! Answers of the server: 405 for a method other than CONNECT, 400 for a missing or
 //! malformed `:authority` (HBONE targets are `ip:port`), 403 when a policy refuses, 503 when
@@ -74,6 +77,7 @@ mod error;
 mod forward;
 mod keepalive;
 pub mod proxy_protocol;
+mod rt;
 mod server;
 mod tunnel;
 
@@ -84,11 +88,15 @@ pub use config::{H2Settings, TLS_READ_BUFFER, TLS_WRITE_BUFFER};
 pub use copy::{Copied, copy_bidirectional, socket_to_tunnel, tunnel_to_socket};
 pub use error::Error;
 pub use forward::Forward;
+pub use rt::{Executor, TokioExecutor};
 pub use server::{
-    BoxFuture, ConnectRequest, DecideFn, Decision, Handler, Server, ServerConfig, ServerStats,
-    decide_fn,
+    ConnectRequest, DecideFn, Decision, Handler, Server, ServerConfig, ServerStats, decide_fn,
 };
 pub use tunnel::{RecvHalf, ResetReason, SendHalf, Tunnel};
+
+/// The boxed future of [`Connect::connect`], [`IdentityProvider::svid`], [`Handler::run`] and
+/// [`Executor::execute`]: meshkit-identity's, so the workspace has one `BoxFuture`.
+pub use meshkit_identity::BoxFuture;
 
 /// HTTP/2 error codes, as [`Tunnel::reset`] and [`ResetReason::set`] take them.
 pub use h2::Reason;

@@ -5,7 +5,6 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -15,21 +14,18 @@ use bytes::Bytes;
 use h2::RecvStream;
 use h2::server::SendResponse;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
-use meshkit_identity::{CertSelector, SpiffeId, accept, peer_spiffe_id};
+use meshkit_identity::{AcceptError, BoxFuture, CertSelector, SpiffeId, accept, peer_spiffe_id};
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
-use tokio::task::JoinSet;
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::config::H2Settings;
-use crate::error::{Error, Kind};
+use crate::error::{Chain, Error, Kind};
 use crate::keepalive::keepalive;
+use crate::rt::{Exec, Executor};
 use crate::tunnel::Tunnel;
-
-/// A boxed, sendable future.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// One CONNECT request, with what the server verified about it.
 #[derive(Debug, Clone)]
@@ -56,7 +52,7 @@ pub enum Decision {
 }
 
 /// What runs with an accepted tunnel.
-pub struct Handler(Box<dyn FnOnce(Tunnel) -> BoxFuture<()> + Send>);
+pub struct Handler(Box<dyn FnOnce(Tunnel) -> BoxFuture<'static, ()> + Send>);
 
 impl Decision {
     /// Accept, running `handler` with the tunnel once the 200 is sent.
@@ -78,7 +74,7 @@ impl Handler {
     /// Runs the handler with `tunnel`: what the server does once the 200 is sent. A service
     /// that wraps another one's decision uses it to add to what runs with the tunnel (for
     /// example, to close the tunnel when a condition changes).
-    pub fn run(self, tunnel: Tunnel) -> BoxFuture<()> {
+    pub fn run(self, tunnel: Tunnel) -> BoxFuture<'static, ()> {
         (self.0)(tunnel)
     }
 }
@@ -113,6 +109,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// A connection without streams for this long is closed with GOAWAY. Default: 5 min.
     pub idle_timeout: Duration,
+    /// Runs each connection's and each stream's task. Default:
+    /// [`TokioExecutor`](crate::TokioExecutor).
+    executor: Exec,
 }
 
 impl Default for ServerConfig {
@@ -123,6 +122,7 @@ impl Default for ServerConfig {
             max_streams_per_connection: 2_000,
             max_connections: 10_000,
             idle_timeout: Duration::from_secs(300),
+            executor: Exec::default(),
         }
     }
 }
@@ -155,6 +155,15 @@ impl ServerConfig {
     /// Sets the idle timeout of connections.
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
+        self
+    }
+
+    /// Sets the executor that runs the server's tasks: one per accepted connection
+    /// ([`Server::serve`], [`Server::serve_with_shutdown`]) and one per CONNECT stream.
+    /// Default: [`TokioExecutor`](crate::TokioExecutor), `tokio::spawn` on the runtime of the
+    /// task that runs the server.
+    pub fn with_executor(mut self, executor: impl Executor) -> Self {
+        self.executor = Exec::new(executor);
         self
     }
 }
@@ -232,7 +241,8 @@ where
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future stops accepting and drops every connection at once.
+    /// Dropping the future stops accepting and closes every connection: each connection's task
+    /// ends the next time its executor polls it.
     ///
     /// # Errors
     ///
@@ -246,12 +256,14 @@ where
     ) -> std::io::Result<()> {
         let this = Arc::new(self);
         let (drain_tx, drain_rx) = watch::channel(false);
+        // Dropped at the drain deadline, or with this future: every connection task then ends.
+        let (abort_tx, abort_rx) = watch::channel(());
+        // Each connection task holds a sender, so `recv` returns `None` once all have ended,
+        // whichever executor runs them.
+        let (done_tx, mut done_rx) = mpsc::channel::<Infallible>(1);
         let slots = Arc::new(Semaphore::new(this.config.max_connections));
-        let mut connections = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            // Reap finished connection tasks so the set does not grow.
-            while connections.try_join_next().is_some() {}
             let slot = tokio::select! {
                 () = &mut shutdown => break,
                 slot = slots.clone().acquire_owned() => match slot {
@@ -273,27 +285,33 @@ where
             };
             let _ = sock.set_nodelay(true);
             let destination = sock.local_addr()?;
-            let this = this.clone();
+            let task = this.clone();
             let drain_rx = drain_rx.clone();
-            connections.spawn(async move {
-                let _slot = slot;
-                if let Err(e) = this.serve_io(sock, source, destination, drain_rx).await {
-                    tracing::debug!(%source, error = %e, "HBONE connection ended with an error");
+            let mut abort = abort_rx.clone();
+            let done = done_tx.clone();
+            this.config.executor.execute(async move {
+                let (_done, _slot) = (done, slot);
+                tokio::select! {
+                    result = task.serve_io(sock, source, destination, drain_rx) => {
+                        if let Err(e) = result {
+                            tracing::debug!(%source, error = %Chain(&e), "HBONE connection ended with an error");
+                        }
+                    }
+                    _ = abort.changed() => {}
                 }
             });
         }
         drop(listener);
+        drop(done_tx);
         let _ = drain_tx.send(true);
-        let drained = tokio::time::timeout(drain, async {
-            while connections.join_next().await.is_some() {}
-        })
-        .await;
+        let drained = tokio::time::timeout(drain, done_rx.recv()).await;
         if drained.is_err() {
             tracing::info!(
-                remaining = connections.len(),
+                remaining = this.stats.connections_open(),
                 "drain deadline passed; closing remaining HBONE connections"
             );
-            connections.shutdown().await;
+            drop(abort_tx);
+            done_rx.recv().await;
         }
         Ok(())
     }
@@ -360,8 +378,11 @@ where
                 self.stats
                     .handshake_failures
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%source, error = %e, "HBONE TLS handshake failed");
-                return Err(Error::new(Kind::Tls(std::io::Error::other(e))));
+                tracing::debug!(%source, error = %Chain(&e), "HBONE TLS handshake failed");
+                return Err(match e {
+                    AcceptError::PeerRejected(reason) => Error::new(Kind::PeerIdentity(reason)),
+                    e => Error::new(Kind::Tls(std::io::Error::other(e))),
+                });
             }
             Err(_) => {
                 self.stats
@@ -408,7 +429,8 @@ where
                             destination,
                             activity: activity.clone(),
                         };
-                        tokio::spawn(stream.handle(self.service.clone(), request, respond));
+                        let task = stream.handle(self.service.clone(), request, respond);
+                        self.config.executor.execute(task);
                     }
                     // Stop at the first error: h2 may keep yielding it.
                     Some(Err(e)) => return Err(e.into()),
@@ -606,7 +628,7 @@ where
 {
     type Response = Decision;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Decision, Infallible>>;
+    type Future = BoxFuture<'static, Result<Decision, Infallible>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))

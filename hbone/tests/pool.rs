@@ -252,7 +252,7 @@ async fn keepalive_detects_a_peer_that_stops_answering() {
         fn connect(
             &self,
             _addr: SocketAddr,
-        ) -> meshkit_hbone::BoxFuture<std::io::Result<Self::Io>> {
+        ) -> meshkit_hbone::BoxFuture<'static, std::io::Result<Self::Io>> {
             let io = self.0.lock().unwrap().take();
             Box::pin(async move { io.ok_or_else(|| std::io::Error::other("used")) })
         }

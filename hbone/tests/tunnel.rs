@@ -230,6 +230,11 @@ async fn wrong_server_identity_fails_with_a_typed_error() {
         err.peer_identity_error(),
         Some(&VerifyError::Unauthorized(id(SERVER)))
     );
+    // Display says this level only; the cause is the source, so a printed chain says it once.
+    let cause = VerifyError::Unauthorized(id(SERVER)).to_string();
+    assert_eq!(err.to_string(), "HBONE peer identity refused");
+    let source = std::error::Error::source(&err).expect("the verifier's error is the source");
+    assert_eq!(source.to_string(), cause);
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ use crate::svid::{SvidError, certs_from_pem};
 #[non_exhaustive]
 pub enum BundleError {
     /// PEM input could not be read, or held no certificate.
-    #[error("invalid PEM bundle: {0}")]
+    #[error("invalid PEM bundle")]
     Pem(#[source] SvidError),
     /// A certificate cannot serve as a trust anchor.
     #[error("certificate {index} of the bundle is not a usable trust anchor: {reason}")]
@@ -31,7 +31,7 @@ pub enum BundleError {
     #[error("bundle for {0} holds no X.509 authority")]
     NoRoots(TrustDomain),
     /// The JSON is not a SPIFFE bundle (or a map of bundles).
-    #[error("invalid SPIFFE bundle JSON: {0}")]
+    #[error("invalid SPIFFE bundle JSON")]
     Json(#[source] serde_json::Error),
     /// An `x509-svid` key does not have exactly one `x5c` certificate.
     #[error("x509-svid key {index} has {count} x5c entries; exactly one is required")]
@@ -50,7 +50,7 @@ pub enum BundleError {
         reason: String,
     },
     /// A trust domain name in a bundle map is invalid.
-    #[error("invalid trust domain {name:?}: {source}")]
+    #[error("invalid trust domain {name:?}")]
     TrustDomain {
         /// The name as found.
         name: String,

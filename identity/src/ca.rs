@@ -33,7 +33,7 @@ pub enum CaError {
     #[error("certificate authority refused the request: {0}")]
     Rejected(String),
     /// The CA's answer could not be used as an SVID.
-    #[error("certificate authority returned an invalid SVID: {0}")]
+    #[error("certificate authority returned an invalid SVID")]
     InvalidSvid(#[source] SvidError),
     /// The CA issued a certificate for another identity than the one requested.
     #[error("requested {requested} but the certificate authority issued {issued}")]

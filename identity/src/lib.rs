@@ -61,8 +61,10 @@ mod bundle;
 mod ca;
 #[cfg(feature = "istio-ca")]
 pub mod istio;
+mod report;
 mod rotate;
 mod select;
+mod signer;
 mod spiffe;
 mod svid;
 #[cfg(feature = "test-util")]
@@ -79,6 +81,7 @@ pub use select::{
     AcceptError, BoxFuture, ByDestinationIp, BySni, CertSelector, ConnectionInfo, SingleIdentity,
     accept,
 };
+pub use signer::{CA_VALIDITY, CaLoadError, CaSigner, DEFAULT_MAX_VALIDITY, SignError};
 pub use spiffe::{MAX_ID_LEN, MAX_TRUST_DOMAIN_LEN, SpiffeId, SpiffeIdError, TrustDomain};
 pub use svid::{
     LeafInfo, SvidError, X509Svid, certs_from_pem, certs_to_pem, parse_leaf, private_key_to_pem,

@@ -38,7 +38,7 @@ pub struct ConnectionInfo {
 #[non_exhaustive]
 pub enum AcceptError {
     /// Reading the ClientHello failed (I/O error or not TLS).
-    #[error("reading the TLS ClientHello failed: {0}")]
+    #[error("reading the TLS ClientHello failed")]
     ClientHello(#[source] io::Error),
     /// The selector has no certificate for this connection.
     #[error("no certificate for destination {destination} (SNI {server_name:?})")]
@@ -49,10 +49,10 @@ pub enum AcceptError {
         server_name: Option<String>,
     },
     /// The client's certificate was refused by a meshkit verifier.
-    #[error("client certificate refused: {0}")]
+    #[error("client certificate refused")]
     PeerRejected(#[source] VerifyError),
     /// The handshake failed after the configuration was chosen, for another reason.
-    #[error("TLS handshake failed: {0}")]
+    #[error("TLS handshake failed")]
     Handshake(#[source] io::Error),
 }
 

@@ -36,7 +36,7 @@ pub enum SvidError {
         count: usize,
     },
     /// The leaf's URI SAN is not a SPIFFE ID.
-    #[error("leaf URI SAN {uri:?} is not a SPIFFE ID: {source}")]
+    #[error("leaf URI SAN {uri:?} is not a SPIFFE ID")]
     InvalidSpiffeId {
         /// The URI as found in the certificate.
         uri: String,

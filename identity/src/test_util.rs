@@ -1,36 +1,32 @@
-//! An in-process certificate authority for tests, built on rcgen.
+//! An in-process certificate authority for tests: a [`CaSigner`] with test switches.
 //!
 //! It issues real X.509-SVIDs (ECDSA P-256) under a real root, signs CSRs as a [`CaClient`],
 //! and can be told to fail so that rotation and outage handling can be tested. It is meant for
-//! tests and demos only: it signs whatever identity it is asked for.
+//! tests and demos only: as a [`CaClient`] it signs whatever identity of its trust domain it is
+//! asked for, and [`TestCa::issue`] and [`TestCa::sign_params`] sign anything at all.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, CertifiedIssuer,
-    DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
-};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use time::OffsetDateTime;
+use rcgen::CertificateParams;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::bundle::{TrustBundle, TrustBundleSet};
 use crate::ca::{CaClient, CaError, CertificateRequest};
+use crate::report::Report;
 use crate::select::BoxFuture;
+use crate::signer::CaSigner;
 use crate::spiffe::{SpiffeId, TrustDomain};
-use crate::svid::{X509Svid, certs_to_pem};
+use crate::svid::X509Svid;
 
-/// How far back issued certificates are dated, to tolerate small clock differences.
-const BACKDATE: Duration = Duration::from_secs(60);
+/// Validity of [`TestCa::leaf_params`] and [`TestCa::issue`].
+const TEST_LEAF_VALIDITY: Duration = Duration::from_secs(3600);
 
-/// A test certificate authority for one trust domain, optionally an intermediate under another.
+/// A test certificate authority for one trust domain, optionally an intermediate under another:
+/// a [`CaSigner`] with switches for tests (fail on demand, count requests, cap validity).
 pub struct TestCa {
-    trust_domain: TrustDomain,
-    issuer: CertifiedIssuer<'static, KeyPair>,
-    /// Intermediates between issued leaves and the root, nearest first (empty for a root CA).
-    intermediates: Vec<CertificateDer<'static>>,
-    root: CertificateDer<'static>,
+    signer: CaSigner,
     failing: AtomicBool,
     requests: AtomicUsize,
     max_validity: Mutex<Option<Duration>>,
@@ -39,17 +35,16 @@ pub struct TestCa {
 // === impl TestCa ===
 
 impl TestCa {
-    /// A new self-signed root CA for `trust_domain`.
+    /// A new self-signed root CA for `trust_domain` ([`CaSigner::generate`]), whose leaves are
+    /// capped only by the CA's own expiry (unless [`TestCa::set_max_validity`] says otherwise).
     ///
     /// # Panics
     ///
     /// If rcgen cannot generate a key or certificate, which does not happen with its ring
     /// backend.
     pub fn new(trust_domain: TrustDomain) -> Self {
-        let params = ca_params(&trust_domain, "meshkit test root CA");
-        let issuer = CertifiedIssuer::self_signed(params, new_key()).expect("self-signed root");
-        let root = issuer.der().clone();
-        Self::from_parts(trust_domain, issuer, Vec::new(), root)
+        let signer = CaSigner::generate(trust_domain).expect("test root CA");
+        Self::wrap(signer.with_max_validity(Duration::MAX))
     }
 
     /// A new intermediate CA of the same trust domain, signed by this one. Its leaves chain
@@ -59,88 +54,63 @@ impl TestCa {
     ///
     /// As [`TestCa::new`].
     pub fn intermediate(&self) -> TestCa {
-        let params = ca_params(&self.trust_domain, "meshkit test intermediate CA");
-        let issuer = CertifiedIssuer::signed_by(params, new_key(), &self.issuer)
-            .expect("intermediate signed by root");
-        let mut intermediates = vec![issuer.der().clone()];
-        intermediates.extend(self.intermediates.iter().cloned());
-        Self::from_parts(
-            self.trust_domain.clone(),
-            issuer,
-            intermediates,
-            self.root.clone(),
-        )
+        Self::wrap(self.signer.intermediate().expect("test intermediate CA"))
     }
 
-    fn from_parts(
-        trust_domain: TrustDomain,
-        issuer: CertifiedIssuer<'static, KeyPair>,
-        intermediates: Vec<CertificateDer<'static>>,
-        root: CertificateDer<'static>,
-    ) -> Self {
+    /// A test CA over `signer` (a loaded one, say), with the test switches off.
+    pub fn from_signer(signer: CaSigner) -> Self {
+        Self::wrap(signer)
+    }
+
+    fn wrap(signer: CaSigner) -> Self {
         Self {
-            trust_domain,
-            issuer,
-            intermediates,
-            root,
+            signer,
             failing: AtomicBool::new(false),
             requests: AtomicUsize::new(0),
             max_validity: Mutex::new(None),
         }
     }
 
+    /// The CA that signs.
+    pub fn signer(&self) -> &CaSigner {
+        &self.signer
+    }
+
     /// The trust domain.
     pub fn trust_domain(&self) -> &TrustDomain {
-        &self.trust_domain
+        self.signer.trust_domain()
     }
 
     /// The root certificate.
     pub fn root(&self) -> &CertificateDer<'static> {
-        &self.root
+        self.signer.root()
     }
 
     /// The root certificate as PEM.
     pub fn root_pem(&self) -> String {
-        certs_to_pem(std::slice::from_ref(&self.root))
+        self.signer.root_pem()
     }
 
     /// The trust bundle: this CA's root for its trust domain.
     pub fn bundle(&self) -> TrustBundle {
-        TrustBundle::from_der(self.trust_domain.clone(), vec![self.root.clone()])
-            .expect("rcgen root is a valid trust anchor")
+        self.signer.bundle()
     }
 
     /// A bundle set holding only [`TestCa::bundle`].
     pub fn bundle_set(&self) -> TrustBundleSet {
-        self.bundle().into()
+        self.signer.bundle_set()
     }
 
-    /// Default parameters of a valid leaf for `id`, valid from a minute ago for an hour; tests
-    /// change them to build invalid certificates and sign them with [`TestCa::sign_params`].
+    /// Default parameters of a valid leaf for `id`, valid from a minute ago for an hour
+    /// ([`CaSigner::leaf_params`]); tests change them to build invalid certificates and sign
+    /// them with [`TestCa::sign_params`].
     pub fn leaf_params(id: &SpiffeId) -> CertificateParams {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params.subject_alt_names = vec![SanType::URI(
-            id.as_str()
-                .try_into()
-                .expect("a SPIFFE ID is a valid IA5 string"),
-        )];
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-            KeyUsagePurpose::KeyAgreement,
-        ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        set_validity(&mut params, Duration::from_secs(3600));
-        params
+        CaSigner::leaf_params(id, TEST_LEAF_VALIDITY)
     }
 
     /// Signs a leaf with these parameters and a fresh key; returns the chain (leaf first,
-    /// without the root) and the key, unchecked, so that invalid certificates can be built.
+    /// without the root) and the key, unchecked, so that invalid certificates can be built
+    /// ([`CaSigner::sign_params`]).
     ///
     /// # Panics
     ///
@@ -149,18 +119,16 @@ impl TestCa {
         &self,
         params: &CertificateParams,
     ) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
-        let key = new_key();
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .expect("rcgen signs leaf");
-        (self.chain_with(cert.der().clone()), key_der(&key))
+        self.signer.sign_params(params).expect("rcgen signs leaf")
     }
 
-    /// Issues a valid SVID for `id`, valid for an hour.
+    /// Issues a valid SVID for `id`, valid for an hour. Like [`TestCa::sign_params`], it does
+    /// not check that `id` is of this CA's trust domain.
     ///
     /// # Panics
     ///
-    /// If the SVID does not pass the checks of [`X509Svid::from_der`], which would be a bug.
+    /// If the SVID does not pass the checks of [`X509Svid::from_der`] (`id` without a path, for
+    /// example).
     pub fn issue(&self, id: SpiffeId) -> X509Svid {
         let (chain, key) = self.sign_params(&Self::leaf_params(&id));
         X509Svid::from_der(chain, key).expect("test CA issues valid SVIDs")
@@ -182,48 +150,27 @@ impl TestCa {
         self.requests.load(Ordering::SeqCst)
     }
 
-    /// Signs a PEM CSR for `id`, valid for `validity`: the CSR's only SAN must be `id`; the
-    /// CA sets the key usages and extended key usages of an X509-SVID itself.
+    /// Signs a PEM CSR for `id`, valid for `validity` ([`CaSigner::sign_csr`]): the CSR's only
+    /// SAN must be `id`, of this CA's trust domain; the CA sets the key usages and extended key
+    /// usages of an X509-SVID itself. The chain holds no root.
     ///
     /// # Errors
     ///
-    /// [`CaError::Rejected`] when the CSR is malformed or asks for another identity.
+    /// [`CaError::Rejected`] when the CSR is malformed or asks for another identity; its
+    /// message is the whole [`SignError`](crate::SignError) chain.
     pub fn sign_csr(
         &self,
         csr_pem: &str,
         id: &SpiffeId,
         validity: Duration,
     ) -> Result<Vec<CertificateDer<'static>>, CaError> {
-        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
-            .map_err(|e| CaError::Rejected(format!("malformed CSR: {e}")))?;
-        let sans: Vec<_> = csr.params.subject_alt_names.iter().collect();
-        match sans.as_slice() {
-            [SanType::URI(uri)] if uri.as_str() == id.as_str() => {}
-            _ => {
-                return Err(CaError::Rejected(format!(
-                    "CSR must carry exactly one URI SAN equal to {id}"
-                )));
-            }
-        }
         let validity = match *self.max_validity.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(max) => validity.min(max),
             None => validity,
         };
-        let mut params = Self::leaf_params(id);
-        set_validity(&mut params, validity);
-        let signed = CertificateSigningRequestParams {
-            params,
-            public_key: csr.public_key,
-        }
-        .signed_by(&self.issuer)
-        .map_err(|e| CaError::Rejected(e.to_string()))?;
-        Ok(self.chain_with(signed.der().clone()))
-    }
-
-    fn chain_with(&self, leaf: CertificateDer<'static>) -> Vec<CertificateDer<'static>> {
-        let mut chain = vec![leaf];
-        chain.extend(self.intermediates.iter().cloned());
-        chain
+        self.signer
+            .sign_csr(csr_pem, id, validity)
+            .map_err(|e| CaError::Rejected(Report(&e).to_string()))
     }
 }
 
@@ -245,46 +192,8 @@ impl CaClient for TestCa {
 impl std::fmt::Debug for TestCa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestCa")
-            .field("trust_domain", &self.trust_domain)
-            .field("intermediates", &self.intermediates.len())
+            .field("signer", &self.signer)
+            .field("failing", &self.failing.load(Ordering::SeqCst))
             .finish_non_exhaustive()
     }
-}
-
-fn new_key() -> KeyPair {
-    KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key generation")
-}
-
-fn key_der(key: &KeyPair) -> PrivateKeyDer<'static> {
-    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))
-}
-
-fn ca_params(trust_domain: &TrustDomain, name: &str) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    params.distinguished_name = DistinguishedName::new();
-    params.distinguished_name.push(DnType::CommonName, name);
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, trust_domain.as_str());
-    params.subject_alt_names = vec![SanType::URI(
-        trust_domain
-            .id()
-            .as_str()
-            .try_into()
-            .expect("a SPIFFE ID is a valid IA5 string"),
-    )];
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    set_validity(&mut params, Duration::from_secs(10 * 365 * 24 * 3600));
-    params
-}
-
-fn set_validity(params: &mut CertificateParams, validity: Duration) {
-    let now = OffsetDateTime::from(SystemTime::now());
-    params.not_before = now - BACKDATE;
-    params.not_after = now + validity;
 }

@@ -27,7 +27,7 @@ pub enum VerifyError {
     #[error("peer presented no certificate")]
     NoCertificate,
     /// The leaf breaks an X509-SVID rule.
-    #[error("peer leaf is not a valid X509-SVID: {0}")]
+    #[error("peer leaf is not a valid X509-SVID")]
     Leaf(#[from] SvidError),
     /// The leaf's validity period ended before the verification time.
     #[error("peer certificate expired at unix time {not_after}")]
@@ -233,7 +233,7 @@ impl SpiffeVerifier {
         self.verify_parts(leaf, intermediates, role, now)
             .map_err(|e| {
                 // Kept whole inside `Other` so callers can downcast to the typed error.
-                tracing::debug!(error = %e, ?role, "refused peer certificate");
+                tracing::debug!(error = %crate::report::Report(&e), ?role, "refused peer certificate");
                 rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(e))))
             })
     }

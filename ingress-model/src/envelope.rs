@@ -57,7 +57,7 @@ pub enum EnvelopeError {
     #[error("unsupported content encoding {0:?}")]
     UnsupportedEncoding(String),
     /// The envelope or the object is not valid protobuf for its type.
-    #[error("malformed protobuf: {0}")]
+    #[error("malformed protobuf")]
     Malformed(#[from] prost::DecodeError),
 }
 
@@ -263,5 +263,15 @@ mod tests {
             decode::<Ingress>(&encoded),
             Err(EnvelopeError::UnsupportedEncoding(e)) if e == "gzip"
         ));
+    }
+
+    #[test]
+    fn malformed_says_this_level_and_keeps_the_cause_as_source() {
+        // Field 1 with wire type 7, which does not exist.
+        let err = decode_unknown(b"k8s\0\x0f").unwrap_err();
+        assert!(matches!(err, EnvelopeError::Malformed(_)), "{err:?}");
+        assert_eq!(err.to_string(), "malformed protobuf");
+        let source = std::error::Error::source(&err).expect("the prost error is the source");
+        assert!(source.downcast_ref::<prost::DecodeError>().is_some());
     }
 }

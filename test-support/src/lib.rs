@@ -92,3 +92,28 @@ pub fn envoy_path() -> PathBuf {
     );
     PathBuf::from(path)
 }
+
+/// The path of a binary of another workspace package, built into the same target folder as
+/// the running test (`target/PROFILE/NAME`). `cargo test --workspace` builds every package's
+/// binaries before any test runs; a package's own binaries are better named with
+/// `env!("CARGO_BIN_EXE_NAME")`.
+///
+/// # Panics
+///
+/// When the binary has not been built, naming the command that builds it.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    // target/PROFILE/deps/TEST-HASH: the binaries are in target/PROFILE.
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test runs from target/PROFILE/deps");
+    let path = profile_dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is not built; build it with `cargo build --bins --workspace` (or run `cargo test \
+         --workspace`, which does)",
+        path.display()
+    );
+    path
+}

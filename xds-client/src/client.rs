@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::Error;
+use crate::error::{Chain, Error};
 use crate::protocol::{Event, Mode, RemovalReason, Request, Response, Session, SessionConfig};
 use crate::resource::{Resource, ResourceType};
 use crate::watch::{self, Sink, Watch};
@@ -301,7 +301,7 @@ impl Driver {
                 Ok(None) => return Ok(()),
                 Err(e) => return Err(e),
             };
-            tracing::debug!(error = %failure, "xds: stream ended");
+            tracing::debug!(error = %Chain(&failure), "xds: stream ended");
             if let Some(limit) = self.config.give_up_after
                 && self.last_response.elapsed() >= limit
             {

@@ -6,7 +6,9 @@ use std::fmt;
 type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// Why the client stopped. Opaque: ask with the `is_*` methods, read the chain with
-/// [`source`](StdError::source).
+/// [`source`](StdError::source). `Display` says what failed at this level only (for example
+/// "cannot connect to the xDS server"); the cause (a tonic transport error, a gRPC status, the
+/// last failure before giving up) is the source.
 pub struct Error {
     kind: Kind,
     source: Option<BoxError>,
@@ -83,16 +85,13 @@ impl fmt::Debug for Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.kind {
+        // This level only: the cause is `source()`, so a printed chain says it once.
+        f.write_str(match self.kind {
             Kind::Config => "invalid xDS client configuration",
             Kind::Connect => "cannot connect to the xDS server",
             Kind::Stream => "xDS stream failed",
             Kind::GaveUp => "no response from the xDS server in time",
-        };
-        match &self.source {
-            Some(s) => write!(f, "{what}: {s}"),
-            None => f.write_str(what),
-        }
+        })
     }
 }
 
@@ -101,5 +100,47 @@ impl StdError for Error {
         self.source
             .as_deref()
             .map(|s| s as &(dyn StdError + 'static))
+    }
+}
+
+/// Shows an error with its chain of sources, `what: why: root cause`, for logs. A source whose
+/// message its parent already ends with is left out (some dependencies print their cause).
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn StdError + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            let message = e.to_string();
+            if !shown.ends_with(&message) {
+                write!(f, ": {message}")?;
+            }
+            shown = message;
+            next = e.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_is_this_level_only_and_the_cause_is_the_source() {
+        let err = Error::gave_up(Error::stream("the server closed the stream"));
+        assert_eq!(err.to_string(), "no response from the xDS server in time");
+        let stream = err.source().expect("the last failure");
+        assert_eq!(stream.to_string(), "xDS stream failed");
+        let cause = stream.source().expect("why the stream failed");
+        assert_eq!(cause.to_string(), "the server closed the stream");
+        assert!(cause.source().is_none());
+        assert_eq!(
+            Chain(&err).to_string(),
+            "no response from the xDS server in time: xDS stream failed: \
+             the server closed the stream"
+        );
     }
 }

@@ -38,7 +38,7 @@
 //!             println!("{name}: {:?}", resource.connect_timeout)
 //!         }
 //!         WatchEvent::Removed { name, reason } => println!("{name} removed: {reason:?}"),
-//!         WatchEvent::Error { name, error } => println!("{name:?} rejected: {error}"),
+//!         WatchEvent::Rejected { name, error } => println!("{name:?} rejected: {error}"),
 //!         _ => {}
 //!     }
 //! }

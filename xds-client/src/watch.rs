@@ -33,8 +33,10 @@ pub enum WatchEvent<T> {
         /// Why.
         reason: RemovalReason,
     },
-    /// The server sent an invalid version, which was NACKed; the last good value stays.
-    Error {
+    /// The server sent an invalid version of the resource, which the client rejected (and
+    /// NACKed); the last good value stays. The protocol core's
+    /// [`Event::Rejected`](crate::protocol::Event::Rejected), typed.
+    Rejected {
         /// The resource's name, if it could be decoded far enough to know it.
         name: Option<String>,
         /// Why it was rejected.
@@ -77,7 +79,7 @@ impl<T> WatchEvent<T> {
     pub fn name(&self) -> Option<&str> {
         match self {
             WatchEvent::Updated { name, .. } | WatchEvent::Removed { name, .. } => Some(name),
-            WatchEvent::Error { name, .. } => name.as_deref(),
+            WatchEvent::Rejected { name, .. } => name.as_deref(),
         }
     }
 }
@@ -98,7 +100,7 @@ impl<T> Clone for WatchEvent<T> {
                 name: name.clone(),
                 reason: *reason,
             },
-            WatchEvent::Error { name, error } => WatchEvent::Error {
+            WatchEvent::Rejected { name, error } => WatchEvent::Rejected {
                 name: name.clone(),
                 error: error.clone(),
             },
@@ -208,7 +210,7 @@ fn convert<T: Resource>(ev: Event) -> Option<WatchEvent<T>> {
             resource: resource.downcast::<T>().ok()?,
         },
         Event::Removed { name, reason, .. } => WatchEvent::Removed { name, reason },
-        Event::Rejected { name, error, .. } => WatchEvent::Error { name, error },
+        Event::Rejected { name, error, .. } => WatchEvent::Rejected { name, error },
     })
 }
 

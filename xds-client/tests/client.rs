@@ -171,7 +171,7 @@ async fn nack_of_a_bad_resource_then_recovery() {
         let mut bad = client.watch::<Cluster>("bad");
         expect_updated(&mut good).await;
         match next(&mut bad).await {
-            WatchEvent::Error { name, error } => {
+            WatchEvent::Rejected { name, error } => {
                 assert_eq!(name.as_deref(), Some("bad"));
                 assert!(error.contains("connect_timeout"), "{error}");
             }

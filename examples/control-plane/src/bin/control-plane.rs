@@ -1,0 +1,115 @@
+//! meshkit's control plane: reads a folder of Kubernetes and Istio manifests, serves them over
+//! ADS (SotW and Delta) to node proxies, meshkit's gateway and Envoy, and runs a CA for
+//! bootstrap-token holders. See `docs/control-plane.md`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use meshkit_control_plane::ca::TokenGrants;
+use meshkit_control_plane::translate::TranslateOptions;
+use meshkit_control_plane::{CaSource, ControlPlane, ControlPlaneConfig};
+use meshkit_cli::{CliError, init_logging, stop_signal};
+
+/// The proxies move bulk data through HTTP/2's 1 MiB frame buffers, which glibc's allocator
+/// hands back to the kernel on free and page-faults in again for the next frame; mimalloc
+/// keeps them (docs/hbone.md, Allocator). The binary chooses the allocator, never a library.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Serve a folder of manifests over ADS, and certificates over Istio's CA protocol.
+#[derive(Parser, Debug)]
+#[command(name = "control-plane", version)]
+struct Args {
+    /// Folder of manifests (Ingress, IngressClass, TLS Secret, ServiceEntry, WorkloadEntry);
+    /// re-read when a file changes.
+    #[arg(long, default_value = "examples/manifests")]
+    manifests: PathBuf,
+    /// ADS listen address.
+    #[arg(long, default_value = "127.0.0.1:15010")]
+    ads_listen: SocketAddr,
+    /// CA (IstioCertificateService) listen address.
+    #[arg(long, default_value = "127.0.0.1:15012")]
+    ca_listen: SocketAddr,
+    /// Bootstrap token file: one token per line, then the SPIFFE IDs (or `prefix/*`) it may
+    /// request. Without it the CA refuses every request.
+    #[arg(long)]
+    tokens: Option<PathBuf>,
+    /// Trust domain of the mesh.
+    #[arg(long, default_value = "cluster.local")]
+    trust_domain: String,
+    /// PEM certificate of the CA (a root, or an intermediate followed by its issuers), with
+    /// --ca-key; without both, a root is generated in memory for this run.
+    #[arg(long, requires = "ca_key")]
+    ca_cert: Option<PathBuf>,
+    /// PEM private key of the CA certificate.
+    #[arg(long, requires = "ca_cert")]
+    ca_key: Option<PathBuf>,
+    /// When neither --ca-cert nor --ca-key exists yet, generate a root and write it there
+    /// (the key with mode 0600) instead of failing; later starts load it.
+    #[arg(long, requires = "ca_cert")]
+    ca_generate_if_missing: bool,
+    /// Writes the CA root certificate (PEM) here, for proxies' trust bundles.
+    #[arg(long)]
+    root_out: Option<PathBuf>,
+    /// Envoy HTTP listener address sent in LDS.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    envoy_http: SocketAddr,
+    /// Envoy HTTPS listener address sent in LDS.
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    envoy_https: SocketAddr,
+    /// Only Ingresses of this class (or without one) are translated for Envoy.
+    #[arg(long)]
+    ingress_class: Option<String>,
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let args = Args::parse();
+    meshkit_cli::run_main("control-plane", 2, run(args))
+}
+
+async fn run(args: Args) -> Result<(), CliError> {
+    let trust_domain = args
+        .trust_domain
+        .parse()
+        .map_err(|e| format!("--trust-domain {:?}: {e}", args.trust_domain))?;
+    let grants = match &args.tokens {
+        Some(path) => TokenGrants::load(path)?,
+        None => {
+            tracing::warn!("no --tokens file: the CA will refuse every request");
+            TokenGrants::new()
+        }
+    };
+    let ca = match (args.ca_cert, args.ca_key) {
+        (Some(cert), Some(key)) if args.ca_generate_if_missing => {
+            CaSource::LoadOrGenerate { cert, key }
+        }
+        (Some(cert), Some(key)) => CaSource::Files { cert, key },
+        _ => CaSource::Generate,
+    };
+    let translate = TranslateOptions {
+        http_listener: args.envoy_http,
+        https_listener: Some(args.envoy_https),
+        ingress_class: args.ingress_class,
+        ..TranslateOptions::default()
+    };
+    let config = ControlPlaneConfig::new(args.manifests)
+        .with_ads_addr(args.ads_listen)
+        .with_ca_addr(args.ca_listen)
+        .with_trust_domain(trust_domain)
+        .with_grants(grants)
+        .with_ca(ca)
+        .with_translate(translate);
+    let cp = ControlPlane::start(config).await?;
+    if let Some(path) = &args.root_out {
+        std::fs::write(path, cp.root_pem())
+            .map_err(|e| format!("cannot write the root to {}: {e}", path.display()))?;
+        tracing::info!(path = %path.display(), "CA root written");
+    }
+    stop_signal().await;
+    tracing::info!("stopping");
+    cp.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,444 @@
+//! meshkit's control plane: manifests in, ADS and certificates out.
+//!
+//! - [`manifests`]: reads a folder of Kubernetes (Ingress, IngressClass, TLS Secret) and Istio
+//!   (ServiceEntry, WorkloadEntry) manifests, with errors naming file, document and field.
+//! - [`translate`]: turns them into a [`Snapshot`]: Istio workload `Address` resources for node
+//!   proxies, the Ingress objects for meshkit's gateway, and Envoy LDS/RDS/CDS/EDS/SDS so an
+//!   unmodified Envoy can be the gateway.
+//! - ADS: meshkit-xds-server's snapshot-cache server (SotW and Delta), pushing only what
+//!   changed; the workload API types come from meshkit-mesh.
+//! - [`ca`]: `IstioCertificateService/CreateCertificate` with bootstrap-token authorization,
+//!   signing with meshkit-identity's [`CaSigner`](meshkit_identity::CaSigner).
+//!
+//! [`ControlPlane::start`] runs all of it: it loads the folder, serves ADS and the CA, and
+//! re-reads the folder when a file changes (polled every 200 ms by default; a change is
+//! loaded once two polls in a row see the same contents). A load with any error
+//! changes nothing that is served; the errors are logged and published in [`LoadStatus`].
+//!
+//! ```no_run
+//! use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
+//! use meshkit_control_plane::ca::TokenGrants;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let grants = TokenGrants::new().grant("node-a-token", "spiffe://cluster.local/ns/shop/*")?;
+//! let config = ControlPlaneConfig::new("examples/manifests").with_grants(grants);
+//! let cp = ControlPlane::start(config).await?;
+//! println!("ADS on {}, CA on {}", cp.ads_addr(), cp.ca_addr());
+//! cp.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Feature flags
+//!
+//! - `cli` (default): the `control-plane` binary and what only it needs (argument parsing,
+//!   logging, its allocator). Embedders turn it off with `default-features = false`.
+//! - `aws-lc-rs`: the binary with aws-lc-rs as its crypto provider.
+//!
+//! # Stability
+//!
+//! Pre-1.0: the API may change between minor versions.
+
+pub mod ca;
+pub mod manifests;
+pub mod translate;
+
+use std::hash::Hasher;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use meshkit_identity::TrustDomain;
+use meshkit_identity::istio::IstioCaServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use ca::{TokenGrants, TokenSigner};
+use meshkit_identity::{CaLoadError, CaSigner};
+use manifests::{ManifestError, ManifestSet};
+use meshkit_xds_server::{AdsServer, Snapshot, SnapshotCache};
+use translate::TranslateOptions;
+
+/// Where the CA's root comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaSource {
+    /// A new self-signed root, generated at start.
+    Generate,
+    /// A PEM CA certificate (a root, or an intermediate followed by its issuers up to the
+    /// root) and its PEM private key, which must exist.
+    Files {
+        /// The CA certificate (chain).
+        cert: PathBuf,
+        /// Its private key.
+        key: PathBuf,
+    },
+    /// As [`CaSource::Files`] when both files exist; when neither does, a new root is
+    /// generated and written there (the key with mode 0600), so that restarts keep the mesh's
+    /// trust bundle.
+    LoadOrGenerate {
+        /// The CA certificate (chain).
+        cert: PathBuf,
+        /// Its private key.
+        key: PathBuf,
+    },
+}
+
+/// Why [`ControlPlane::start`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A listener could not be bound.
+    #[error("cannot listen for {what} on {addr}")]
+    Bind {
+        /// Which listener: `ADS` or `the CA`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CA's certificate or key could not be loaded or created.
+    #[error("the CA could not be set up")]
+    Ca(#[from] CaLoadError),
+}
+
+/// Configuration of [`ControlPlane::start`]; build with [`ControlPlaneConfig::new`] and the
+/// `with_*` methods.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneConfig {
+    /// The manifest folder.
+    pub manifest_dir: PathBuf,
+    /// ADS listen address. Default `127.0.0.1:15010` (istiod's plaintext xDS port).
+    pub ads_addr: SocketAddr,
+    /// CA listen address. Default `127.0.0.1:15012`.
+    pub ca_addr: SocketAddr,
+    /// Trust domain of the mesh. Default `cluster.local`.
+    pub trust_domain: TrustDomain,
+    /// Where the CA root comes from. Default [`CaSource::Generate`].
+    pub ca: CaSource,
+    /// Bootstrap tokens and the identities they grant. Default none (the CA refuses all).
+    pub grants: TokenGrants,
+    /// Translation options (Envoy listener addresses, ingress class). The trust domain is
+    /// taken from [`ControlPlaneConfig::trust_domain`].
+    pub translate: TranslateOptions,
+    /// How often the folder is checked for changes. Default 200 ms.
+    pub poll_interval: Duration,
+}
+
+/// The outcome of the latest load of the manifest folder.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadStatus {
+    /// Loads attempted so far (each start or change of the folder).
+    pub loads: u64,
+    /// Loads that succeeded and replaced what is served.
+    pub applied: u64,
+    /// The problems of the latest load; empty when it succeeded.
+    pub errors: Vec<ManifestError>,
+}
+
+/// A running control plane. Dropping it stops it; [`ControlPlane::shutdown`] waits for that.
+#[derive(Debug)]
+pub struct ControlPlane {
+    ads_addr: SocketAddr,
+    ca_addr: SocketAddr,
+    root_pem: String,
+    cache: SnapshotCache,
+    status: watch::Receiver<LoadStatus>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+// === impl ControlPlaneConfig ===
+
+impl ControlPlaneConfig {
+    /// Defaults, reading `manifest_dir`.
+    pub fn new(manifest_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            manifest_dir: manifest_dir.into(),
+            ads_addr: SocketAddr::from(([127, 0, 0, 1], 15010)),
+            ca_addr: SocketAddr::from(([127, 0, 0, 1], 15012)),
+            trust_domain: "cluster.local"
+                .parse()
+                .unwrap_or_else(|_| unreachable!("cluster.local is a valid trust domain")),
+            ca: CaSource::Generate,
+            grants: TokenGrants::new(),
+            translate: TranslateOptions::default(),
+            poll_interval: Duration::from_millis(200),
+        }
+    }
+
+    /// Sets the ADS listen address (port 0 for any).
+    pub fn with_ads_addr(mut self, addr: SocketAddr) -> Self {
+        self.ads_addr = addr;
+        self
+    }
+
+    /// Sets the CA listen address (port 0 for any).
+    pub fn with_ca_addr(mut self, addr: SocketAddr) -> Self {
+        self.ca_addr = addr;
+        self
+    }
+
+    /// Sets the trust domain.
+    pub fn with_trust_domain(mut self, trust_domain: TrustDomain) -> Self {
+        self.trust_domain = trust_domain;
+        self
+    }
+
+    /// Sets where the CA root comes from.
+    pub fn with_ca(mut self, ca: CaSource) -> Self {
+        self.ca = ca;
+        self
+    }
+
+    /// Sets the bootstrap tokens.
+    pub fn with_grants(mut self, grants: TokenGrants) -> Self {
+        self.grants = grants;
+        self
+    }
+
+    /// Sets the translation options.
+    pub fn with_translate(mut self, translate: TranslateOptions) -> Self {
+        self.translate = translate;
+        self
+    }
+
+    /// Sets the poll interval.
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+}
+
+// === impl ControlPlane ===
+
+impl ControlPlane {
+    /// Loads the folder, binds both listeners and starts serving. A folder with errors is
+    /// reported (logs and [`ControlPlane::status`]) and an empty snapshot is served until it
+    /// is fixed.
+    ///
+    /// # Errors
+    ///
+    /// When a listener cannot be bound or the CA root files cannot be loaded.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: cancelling may leave the listeners bound until the runtime drops them.
+    pub async fn start(config: ControlPlaneConfig) -> Result<Self, StartError> {
+        let mut translate = config.translate.clone();
+        translate.trust_domain = config.trust_domain.as_str().to_owned();
+        let keys = match &config.ca {
+            CaSource::Generate => CaSigner::generate(config.trust_domain.clone())?,
+            CaSource::Files { cert, key } => CaSigner::load(config.trust_domain.clone(), cert, key)?,
+            CaSource::LoadOrGenerate { cert, key } => {
+                CaSigner::load_or_generate(config.trust_domain.clone(), cert, key)?
+            }
+        };
+        let root_pem = keys.root_pem();
+        let signer = TokenSigner::new(keys, config.grants.clone());
+
+        let (ads_listener, ads_addr) = bind("ADS", config.ads_addr).await?;
+        let (ca_listener, ca_addr) = bind("the CA", config.ca_addr).await?;
+
+        let cache = SnapshotCache::new(Snapshot::default());
+        let (status_tx, status) = watch::channel(LoadStatus::default());
+        let mut watcher = Watcher {
+            dir: config.manifest_dir.clone(),
+            translate,
+            cache: cache.clone(),
+            status: status_tx,
+            fingerprint: None,
+            pending: None,
+        };
+        watcher.check();
+
+        let (stop, _) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let stopped = stop_signal(&stop);
+        let ads = AdsServer::new(cache.clone()).with_stop(stop.subscribe());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = ads.serve(ads_listener, stopped).await {
+                tracing::error!(error = %e, "ADS server failed");
+            }
+        }));
+        let stopped = stop_signal(&stop);
+        tasks.push(tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(ca_listener);
+            let result = tonic::transport::Server::builder()
+                .add_service(IstioCaServer::new(signer))
+                .serve_with_incoming_shutdown(incoming, stopped)
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "CA server failed");
+            }
+        }));
+        let mut stopped = stop.subscribe();
+        let interval = config.poll_interval;
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => watcher.check(),
+                    _ = stopped.wait_for(|s| *s) => return,
+                }
+            }
+        }));
+        tracing::info!(%ads_addr, %ca_addr, dir = %config.manifest_dir.display(), "control plane started");
+        Ok(Self {
+            ads_addr,
+            ca_addr,
+            root_pem,
+            cache,
+            status,
+            stop,
+            tasks,
+        })
+    }
+
+    /// The bound ADS address.
+    pub fn ads_addr(&self) -> SocketAddr {
+        self.ads_addr
+    }
+
+    /// `http://ADS_ADDR`, for `meshkit_xds_client::ClientConfig::new`.
+    pub fn ads_uri(&self) -> String {
+        format!("http://{}", self.ads_addr)
+    }
+
+    /// The bound CA address.
+    pub fn ca_addr(&self) -> SocketAddr {
+        self.ca_addr
+    }
+
+    /// The CA root certificate as PEM: the mesh's trust bundle.
+    pub fn root_pem(&self) -> &str {
+        &self.root_pem
+    }
+
+    /// The snapshot cache (to inspect what is served, or to serve something else).
+    pub fn cache(&self) -> &SnapshotCache {
+        &self.cache
+    }
+
+    /// The outcome of the latest load, updated on every load.
+    pub fn status(&self) -> watch::Receiver<LoadStatus> {
+        self.status.clone()
+    }
+
+    /// Stops serving (open streams end, listeners close) and waits for the tasks.
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(true);
+        for task in std::mem::take(&mut self.tasks) {
+            if tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
+                tracing::debug!("control plane task did not stop in time");
+            }
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let bound = async {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        Ok((listener, local))
+    };
+    bound.await.map_err(|source| StartError::Bind { what, addr, source })
+}
+
+fn stop_signal(
+    stop: &watch::Sender<bool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut rx = stop.subscribe();
+    async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// Re-reads the folder when its contents change.
+struct Watcher {
+    dir: PathBuf,
+    translate: TranslateOptions,
+    cache: SnapshotCache,
+    status: watch::Sender<LoadStatus>,
+    /// Hash of the folder's file names and contents at the last load.
+    fingerprint: Option<u64>,
+    /// A changed fingerprint seen once, loaded if the next check sees it again.
+    pending: Option<u64>,
+}
+
+impl Watcher {
+    /// Loads the folder if it changed and has stayed the same since the previous check: a
+    /// file caught halfway through being written (an editor truncates, then writes) must not
+    /// be served, even when what was read so far happens to be valid.
+    fn check(&mut self) {
+        let fingerprint = folder_fingerprint(&self.dir);
+        if self.fingerprint == Some(fingerprint) {
+            self.pending = None;
+            return;
+        }
+        if self.fingerprint.is_some() && self.pending != Some(fingerprint) {
+            self.pending = Some(fingerprint);
+            return;
+        }
+        self.pending = None;
+        self.fingerprint = Some(fingerprint);
+        let result = ManifestSet::load_dir(&self.dir);
+        let mut status = self.status.borrow().clone();
+        status.loads += 1;
+        match result {
+            Ok(set) => {
+                let snapshot = translate::build_snapshot(&set, &self.translate);
+                self.cache.set(snapshot);
+                status.applied += 1;
+                status.errors.clear();
+                tracing::info!(
+                    ingresses = set.ingresses.len(),
+                    services = set.service_entries.len(),
+                    workloads = set.workload_entries.len(),
+                    secrets = set.secrets.len(),
+                    "manifests loaded"
+                );
+            }
+            Err(errors) => {
+                for error in &errors.0 {
+                    tracing::warn!(%error, "manifest rejected; still serving the last good configuration");
+                }
+                status.errors = errors.0;
+            }
+        }
+        self.status.send_replace(status);
+    }
+}
+
+/// A hash of every file's name, length and contents; cheap for a folder of manifests, and
+/// unlike modification times it cannot miss an edit within the clock's granularity.
+fn folder_fingerprint(dir: &Path) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    for path in paths {
+        h.write(path.as_os_str().as_encoded_bytes());
+        if let Ok(bytes) = std::fs::read(&path) {
+            h.write_usize(bytes.len());
+            h.write(&bytes);
+        }
+    }
+    h.finish()
+}

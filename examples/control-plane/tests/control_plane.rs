@@ -1,0 +1,781 @@
+//! Tests of the control plane: manifests in, ADS and CA out, over real sockets on loopback.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route_match};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use meshkit_control_plane::ca::TokenGrants;
+use meshkit_control_plane::manifests::ManifestSet;
+use meshkit_control_plane::translate::{TranslateOptions, build_snapshot};
+use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
+use meshkit_mesh::proto::address;
+use meshkit_mesh::resources::{
+    ADDRESS_TYPE_URL, AddressResource, IngressClassResource, IngressResource,
+};
+use meshkit_identity::istio::IstioCaClient;
+use meshkit_identity::{CaError, SpiffeId, request_svid};
+use meshkit_xds_client::protocol::Mode;
+use meshkit_xds_client::{ClientConfig, LISTENER_TYPE_URL, Resource, WatchEvent, XdsClient};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+const WEB_CLUSTER: &str = "outbound|80||web.shop.svc.cluster.local";
+const TOKEN_A: &str = "node-a-token";
+
+fn bundled() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../demo/manifests")
+}
+
+/// A fresh copy of the bundled manifests, with a TLS Secret generated for this test.
+fn manifest_copy(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("meshkit-cp-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for entry in std::fs::read_dir(bundled()).expect("bundled manifests") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.join(path.file_name().expect("name"))).expect("copy");
+        }
+    }
+    std::fs::write(dir.join("shop-tls-secret.yaml"), generated_tls_secret()).expect("secret");
+    dir
+}
+
+fn generated_tls_secret() -> String {
+    use base64::Engine as _;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let params = rcgen::CertificateParams::new(vec![
+        "shop.example.com".to_owned(),
+        "*.shop.example.com".to_owned(),
+    ])
+    .expect("params");
+    let cert = params.self_signed(&key).expect("self-signed");
+    let b64 = |s: String| base64::engine::general_purpose::STANDARD.encode(s);
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: shop-tls, namespace: shop}}\n\
+         type: kubernetes.io/tls\ndata:\n  tls.crt: {}\n  tls.key: {}\n",
+        b64(cert.pem()),
+        b64(key.serialize_pem())
+    )
+}
+
+async fn start(dir: &Path) -> ControlPlane {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let grants = TokenGrants::new()
+        .grant(TOKEN_A, "spiffe://cluster.local/ns/shop/*")
+        .expect("grant")
+        .grant(TOKEN_A, "spiffe://cluster.local/ns/blog/sa/blog")
+        .expect("grant");
+    let config = ControlPlaneConfig::new(dir)
+        .with_ads_addr(any)
+        .with_ca_addr(any)
+        .with_grants(grants)
+        .with_poll_interval(Duration::from_millis(100));
+    ControlPlane::start(config)
+        .await
+        .expect("control plane starts")
+}
+
+fn node(id: &str) -> Node {
+    Node {
+        id: id.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// Collects `Updated` events of a wildcard watch until `count` names are known.
+async fn collect<T: Resource>(
+    watch: &mut meshkit_xds_client::Watch<T>,
+    count: usize,
+) -> std::collections::BTreeMap<String, std::sync::Arc<T>> {
+    let mut seen = std::collections::BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while seen.len() < count {
+        let event = tokio::time::timeout_at(deadline, watch.next())
+            .await
+            .expect("resources within 10 s")
+            .expect("watch open");
+        if let WatchEvent::Updated { name, resource, .. } = event {
+            seen.insert(name, resource);
+        }
+    }
+    seen
+}
+
+// === manifests and translation ===
+
+#[test]
+fn bundled_manifests_load_and_translate() {
+    let set =
+        ManifestSet::load_dir(&bundled()).unwrap_or_else(|e| panic!("bundled manifests: {e}"));
+    assert_eq!(set.ingresses.len(), 2);
+    assert_eq!(set.ingress_classes.len(), 1);
+    assert_eq!(set.secrets.len(), 1);
+    assert_eq!(set.service_entries.len(), 4);
+    assert_eq!(set.workload_entries.len(), 5);
+    let namespaces: BTreeSet<&str> = set
+        .workload_entries
+        .iter()
+        .map(|w| w.namespace.as_str())
+        .collect();
+    assert_eq!(namespaces, BTreeSet::from(["blog", "shop"]));
+
+    let snapshot = build_snapshot(&set, &TranslateOptions::default());
+    let addresses = snapshot.names(ADDRESS_TYPE_URL);
+    assert_eq!(addresses.len(), 9, "{addresses:?}");
+    assert!(addresses.contains(&"shop/web.shop.svc.cluster.local".to_owned()));
+    let web1 = "Kubernetes/networking.istio.io/WorkloadEntry/shop/web-1";
+    let any = &snapshot
+        .get(ADDRESS_TYPE_URL, web1)
+        .expect("web-1")
+        .resource;
+    let decoded = AddressResource::decode(&any.value).expect("decodes");
+    assert_eq!(decoded.name, web1);
+    let Some(address::Type::Workload(w)) = decoded.address.r#type else {
+        panic!("web-1 is a workload")
+    };
+    assert_eq!(w.addresses, vec![vec![127, 0, 0, 11]]);
+    assert_eq!(w.service_account, "web");
+    assert_eq!(w.trust_domain, "cluster.local");
+    assert_eq!(w.node, "node-a");
+    let ports = &w.services["shop/web.shop.svc.cluster.local"].ports;
+    assert_eq!((ports[0].service_port, ports[0].target_port), (80, 8080));
+
+    // A WorkloadEntry port override by port name.
+    let blog1 = "Kubernetes/networking.istio.io/WorkloadEntry/blog/blog-1";
+    let any = &snapshot
+        .get(ADDRESS_TYPE_URL, blog1)
+        .expect("blog-1")
+        .resource;
+    let Some(address::Type::Workload(w)) = AddressResource::decode(&any.value)
+        .expect("decodes")
+        .address
+        .r#type
+    else {
+        panic!("blog-1 is a workload")
+    };
+    assert_eq!(
+        w.services["blog/blog.blog.svc.cluster.local"].ports[0].target_port,
+        8080
+    );
+
+    // Envoy: routes in Kubernetes precedence order, then the default backend.
+    let any = &snapshot
+        .get(meshkit_xds_client::ROUTE_TYPE_URL, "http")
+        .expect("RDS http")
+        .resource;
+    let rc = <RouteConfiguration as Message>::decode(any.value.as_slice()).expect("decodes");
+    let vh_names: Vec<&str> = rc.virtual_hosts.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(
+        vh_names,
+        [
+            "*",
+            "*.shop.example.com",
+            "blog.example.com",
+            "shop.example.com"
+        ]
+    );
+    let shop = &rc.virtual_hosts[3];
+    let matches: Vec<route_match::PathSpecifier> = shop
+        .routes
+        .iter()
+        .map(|r| {
+            r.r#match
+                .clone()
+                .and_then(|m| m.path_specifier)
+                .expect("path")
+        })
+        .collect();
+    assert_eq!(
+        matches,
+        [
+            route_match::PathSpecifier::Path("/healthz".into()),
+            route_match::PathSpecifier::PathSeparatedPrefix("/api".into()),
+            route_match::PathSpecifier::Prefix("/".into()),
+            route_match::PathSpecifier::Prefix("/".into()),
+        ]
+    );
+    assert_eq!(shop.routes[3].name, "default-backend");
+
+    // EDS from the selected workloads, on the target port.
+    let any = &snapshot
+        .get(meshkit_xds_client::ENDPOINT_TYPE_URL, WEB_CLUSTER)
+        .expect("EDS")
+        .resource;
+    let cla = <ClusterLoadAssignment as Message>::decode(any.value.as_slice()).expect("decodes");
+    assert_eq!(cla.endpoints[0].lb_endpoints.len(), 2);
+
+    assert_eq!(snapshot.names(LISTENER_TYPE_URL), ["http", "https"]);
+    assert_eq!(
+        snapshot.names(meshkit_xds_client::SECRET_TYPE_URL),
+        ["shop/shop-tls"]
+    );
+}
+
+#[test]
+fn translation_is_deterministic() {
+    let set = ManifestSet::load_dir(&bundled()).expect("bundled manifests");
+    let a = build_snapshot(&set, &TranslateOptions::default());
+    let b = build_snapshot(&set, &TranslateOptions::default());
+    assert_eq!(a, b);
+    for url in a.type_urls() {
+        assert_eq!(a.version(url), b.version(url));
+    }
+}
+
+// === ADS over the wire ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sotw_and_delta_subscribers_get_the_resources() {
+    let dir = manifest_copy("subscribers");
+    let cp = start(&dir).await;
+    let uri = cp.ads_uri();
+
+    let (sotw, sotw_driver) = XdsClient::new(ClientConfig::new(
+        &uri,
+        Mode::StateOfTheWorld,
+        node("envoy~gw"),
+    ));
+    let sotw_task = tokio::spawn(sotw_driver.run());
+    let (delta, delta_driver) =
+        XdsClient::new(ClientConfig::new(&uri, Mode::Delta, node("ztunnel~node-a")));
+    let delta_task = tokio::spawn(delta_driver.run());
+
+    // Node proxy: workload API over Delta.
+    let mut addresses = delta.watch_all::<AddressResource>();
+    let got = collect(&mut addresses, 9).await;
+    assert!(got.contains_key("Kubernetes/networking.istio.io/WorkloadEntry/shop/web-2"));
+    assert!(got.contains_key("blog/blog.blog.svc.cluster.local"));
+
+    // meshkit's gateway: the Ingresses themselves, both variants.
+    let mut ingresses = delta.watch_all::<IngressResource>();
+    let got = collect(&mut ingresses, 2).await;
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["blog/blog", "shop/shop"]);
+    let mut sotw_ingresses = sotw.watch_all::<IngressResource>();
+    collect(&mut sotw_ingresses, 2).await;
+    let mut classes = delta.watch_all::<IngressClassResource>();
+    let got = collect(&mut classes, 1).await;
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["meshkit"]);
+
+    // Envoy: LDS, RDS, EDS over SotW.
+    let mut listeners = sotw.watch_all::<Listener>();
+    let got = collect(&mut listeners, 2).await;
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["http", "https"]);
+    let mut routes = sotw.watch::<RouteConfiguration>("http");
+    let got = collect(&mut routes, 1).await;
+    assert_eq!(got["http"].virtual_hosts.len(), 4);
+    let mut eds = sotw.watch::<ClusterLoadAssignment>(WEB_CLUSTER);
+    let got = collect(&mut eds, 1).await;
+    assert_eq!(got[WEB_CLUSTER].endpoints[0].lb_endpoints.len(), 2);
+    // And the same EDS resource over Delta, by name.
+    let mut eds_delta = delta.watch::<ClusterLoadAssignment>(WEB_CLUSTER);
+    collect(&mut eds_delta, 1).await;
+
+    drop((sotw, delta));
+    sotw_task.abort();
+    delta_task.abort();
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A raw ADS stream, to see exactly what the server pushes.
+struct RawDelta {
+    tx: mpsc::Sender<DeltaDiscoveryRequest>,
+    rx: tonic::Streaming<DeltaDiscoveryResponse>,
+}
+
+impl RawDelta {
+    async fn open(addr: SocketAddr) -> Self {
+        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect");
+        let (tx, rx) = mpsc::channel(16);
+        let rx = client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .expect("delta stream")
+            .into_inner();
+        Self { tx, rx }
+    }
+
+    async fn send(&self, req: DeltaDiscoveryRequest) {
+        self.tx.send(req).await.expect("send");
+    }
+
+    async fn recv(&mut self, within: Duration) -> Option<DeltaDiscoveryResponse> {
+        match tokio::time::timeout(within, self.rx.message()).await {
+            Ok(Ok(Some(r))) => Some(r),
+            Ok(other) => panic!("stream ended: {other:?}"),
+            Err(_) => None,
+        }
+    }
+
+    async fn ack(&self, r: &DeltaDiscoveryResponse) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            ..Default::default()
+        })
+        .await;
+    }
+}
+
+struct RawSotw {
+    tx: mpsc::Sender<DiscoveryRequest>,
+    rx: tonic::Streaming<DiscoveryResponse>,
+}
+
+impl RawSotw {
+    async fn open(addr: SocketAddr) -> Self {
+        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect");
+        let (tx, rx) = mpsc::channel(16);
+        let rx = client
+            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .expect("sotw stream")
+            .into_inner();
+        Self { tx, rx }
+    }
+
+    async fn send(&self, req: DiscoveryRequest) {
+        self.tx.send(req).await.expect("send");
+    }
+
+    async fn recv(&mut self, within: Duration) -> Option<DiscoveryResponse> {
+        match tokio::time::timeout(within, self.rx.message()).await {
+            Ok(Ok(Some(r))) => Some(r),
+            Ok(other) => panic!("stream ended: {other:?}"),
+            Err(_) => None,
+        }
+    }
+}
+
+fn replace_in(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).expect("read manifest");
+    assert!(text.contains(from), "{} has no {from:?}", path.display());
+    std::fs::write(path, text.replace(from, to)).expect("write manifest");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_edit_pushes_only_what_changed_within_a_second() {
+    let dir = manifest_copy("edit");
+    let cp = start(&dir).await;
+
+    let mut delta = RawDelta::open(cp.ads_addr()).await;
+    delta
+        .send(DeltaDiscoveryRequest {
+            node: Some(node("ztunnel~node-a")),
+            type_url: ADDRESS_TYPE_URL.to_owned(),
+            resource_names_subscribe: vec!["*".to_owned()],
+            ..Default::default()
+        })
+        .await;
+    let first = delta
+        .recv(Duration::from_secs(5))
+        .await
+        .expect("initial response");
+    assert_eq!(first.resources.len(), 9);
+    delta.ack(&first).await;
+
+    let mut sotw = RawSotw::open(cp.ads_addr()).await;
+    for type_url in [LISTENER_TYPE_URL, ADDRESS_TYPE_URL] {
+        sotw.send(DiscoveryRequest {
+            node: Some(node("envoy~gw")),
+            type_url: type_url.to_owned(),
+            ..Default::default()
+        })
+        .await;
+    }
+    let mut initial = BTreeSet::new();
+    for _ in 0..2 {
+        let r = sotw
+            .recv(Duration::from_secs(5))
+            .await
+            .expect("initial SotW response");
+        sotw.send(DiscoveryRequest {
+            type_url: r.type_url.clone(),
+            version_info: r.version_info.clone(),
+            response_nonce: r.nonce.clone(),
+            ..Default::default()
+        })
+        .await;
+        initial.insert(r.type_url);
+    }
+    assert_eq!(initial.len(), 2);
+    // An ACK alone is never answered.
+    assert!(delta.recv(Duration::from_millis(300)).await.is_none());
+    assert!(sotw.recv(Duration::from_millis(50)).await.is_none());
+
+    // Move web-2 to another address: one workload changes, nothing else.
+    let edited = Instant::now();
+    replace_in(&dir.join("shop.yaml"), "127.0.0.12", "127.0.0.15");
+    let update = delta.recv(Duration::from_secs(2)).await.expect("pushed");
+    let took = edited.elapsed();
+    assert!(took < Duration::from_secs(1), "push took {took:?}");
+    let names: Vec<&str> = update.resources.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["Kubernetes/networking.istio.io/WorkloadEntry/shop/web-2"]
+    );
+    assert!(update.removed_resources.is_empty());
+    delta.ack(&update).await;
+
+    // SotW: only the Address type is re-sent; listeners did not change.
+    let r = sotw.recv(Duration::from_secs(2)).await.expect("SotW push");
+    assert_eq!(r.type_url, ADDRESS_TYPE_URL);
+    assert_eq!(r.resources.len(), 9, "SotW responses carry the full set");
+    assert!(
+        sotw.recv(Duration::from_millis(300)).await.is_none(),
+        "nothing else pushed"
+    );
+
+    // Removing a workload is pushed as a removal.
+    let text = std::fs::read_to_string(dir.join("blog.yaml")).expect("read");
+    let kept: Vec<&str> = text
+        .split("\n---\n")
+        .filter(|doc| !doc.contains("name: blog-1"))
+        .collect();
+    std::fs::write(dir.join("blog.yaml"), kept.join("\n---\n")).expect("write");
+    let update = delta
+        .recv(Duration::from_secs(2))
+        .await
+        .expect("removal pushed");
+    assert_eq!(
+        update.removed_resources,
+        ["Kubernetes/networking.istio.io/WorkloadEntry/blog/blog-1"]
+    );
+    assert!(update.resources.is_empty());
+
+    // Shutting down ends open streams instead of waiting for clients to hang up.
+    let stopping = Instant::now();
+    cp.shutdown().await;
+    let end = tokio::time::timeout(Duration::from_secs(2), delta.rx.message())
+        .await
+        .expect("stream ends on shutdown");
+    assert!(!matches!(end, Ok(Some(_))), "no more responses");
+    assert!(stopping.elapsed() < Duration::from_secs(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_manifest_keeps_the_last_good_snapshot() {
+    let dir = manifest_copy("broken");
+    let cp = start(&dir).await;
+    let mut status = cp.status();
+    status
+        .wait_for(|s| s.applied == 1)
+        .await
+        .expect("first load applied");
+    let good = cp.cache().current();
+    assert!(!good.names(ADDRESS_TYPE_URL).is_empty());
+
+    let mut delta = RawDelta::open(cp.ads_addr()).await;
+    delta
+        .send(DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE_URL.to_owned(),
+            ..Default::default()
+        })
+        .await;
+    let first = delta.recv(Duration::from_secs(5)).await.expect("initial");
+    delta.ack(&first).await;
+
+    // Document 5 of shop.yaml (web-2) gets an address that is not an IP.
+    replace_in(
+        &dir.join("shop.yaml"),
+        "address: 127.0.0.12",
+        "address: not-an-ip",
+    );
+    let s = tokio::time::timeout(
+        Duration::from_secs(5),
+        status.wait_for(|s| !s.errors.is_empty()),
+    )
+    .await
+    .expect("error reported within 5 s")
+    .expect("status")
+    .clone();
+    let error = &s.errors[0];
+    assert_eq!(error.file, dir.join("shop.yaml"));
+    assert_eq!(error.document, Some(4));
+    assert_eq!(error.field.as_deref(), Some("spec.address"));
+    assert!(
+        error
+            .to_string()
+            .contains("shop.yaml: document 4: spec.address:"),
+        "{error}"
+    );
+    assert_eq!(
+        *cp.cache().current(),
+        *good,
+        "still serving the last good snapshot"
+    );
+    assert!(
+        delta.recv(Duration::from_millis(400)).await.is_none(),
+        "nothing pushed"
+    );
+
+    // A bad Ingress is reported with its field path, from the Ingress validation rules.
+    replace_in(
+        &dir.join("shop.yaml"),
+        "address: not-an-ip",
+        "address: 127.0.0.12",
+    );
+    replace_in(&dir.join("shop-ingress.yaml"), "path: /api,", "path: api,");
+    let s = tokio::time::timeout(
+        Duration::from_secs(5),
+        status.wait_for(|s| {
+            s.errors
+                .iter()
+                .any(|e| e.file.ends_with("shop-ingress.yaml"))
+        }),
+    )
+    .await
+    .expect("error reported")
+    .expect("status")
+    .clone();
+    let error = &s.errors[0];
+    assert_eq!(error.document, Some(0));
+    assert!(
+        error
+            .field
+            .as_deref()
+            .is_some_and(|f| f.starts_with("spec.rules[0].http.paths[1]")),
+        "{error}"
+    );
+    assert_eq!(*cp.cache().current(), *good);
+
+    // Fixed: served again, and nothing changed for the client.
+    replace_in(&dir.join("shop-ingress.yaml"), "path: api,", "path: /api,");
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        status.wait_for(|s| s.applied == 2 && s.errors.is_empty()),
+    )
+    .await
+    .expect("applied again")
+    .expect("status");
+    assert_eq!(*cp.cache().current(), *good);
+    assert!(delta.recv(Duration::from_millis(300)).await.is_none());
+
+    // Invalid YAML is reported against the file.
+    std::fs::write(dir.join("zz-broken.yaml"), "kind: [unclosed\n").expect("write");
+    let s = tokio::time::timeout(
+        Duration::from_secs(5),
+        status.wait_for(|s| s.errors.iter().any(|e| e.file.ends_with("zz-broken.yaml"))),
+    )
+    .await
+    .expect("error reported")
+    .expect("status")
+    .clone();
+    assert!(
+        s.errors[0].message.contains("invalid YAML"),
+        "{}",
+        s.errors[0]
+    );
+    assert_eq!(*cp.cache().current(), *good);
+
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// === CA ===
+
+async fn ca_client(cp: &ControlPlane, token: Option<&str>) -> IstioCaClient {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", cp.ca_addr()))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect to CA");
+    let client = IstioCaClient::new(channel);
+    match token {
+        Some(token) => client.with_bearer_token(token).expect("token"),
+        None => client,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ca_issues_only_identities_allowed_for_the_token() {
+    let dir = manifest_copy("ca");
+    let cp = start(&dir).await;
+    let hour = Duration::from_secs(3600);
+    let web: SpiffeId = "spiffe://cluster.local/ns/shop/sa/web".parse().expect("id");
+    let blog: SpiffeId = "spiffe://cluster.local/ns/blog/sa/blog"
+        .parse()
+        .expect("id");
+    let other: SpiffeId = "spiffe://cluster.local/ns/blog/sa/admin"
+        .parse()
+        .expect("id");
+    let foreign: SpiffeId = "spiffe://evil.example/ns/shop/sa/web".parse().expect("id");
+
+    let client = ca_client(&cp, Some(TOKEN_A)).await;
+    let svid = request_svid(&client, &web, hour)
+        .await
+        .expect("web allowed by ns/shop/*");
+    assert_eq!(svid.spiffe_id(), &web);
+    // The chain verifies against the root the control plane publishes.
+    let bundle = meshkit_identity::TrustBundle::from_pem(
+        "cluster.local".parse().expect("td"),
+        cp.root_pem(),
+    )
+    .expect("root bundle");
+    assert!(!bundle.roots().is_empty());
+    request_svid(&client, &blog, hour)
+        .await
+        .expect("blog allowed exactly");
+
+    let refused = request_svid(&client, &other, hour)
+        .await
+        .expect_err("not granted");
+    assert!(
+        matches!(refused, CaError::Rejected(ref m) if m.contains("PermissionDenied")),
+        "{refused}"
+    );
+    let refused = request_svid(&client, &foreign, hour)
+        .await
+        .expect_err("other trust domain");
+    assert!(matches!(refused, CaError::Rejected(_)), "{refused}");
+
+    let unknown = ca_client(&cp, Some("guessed-token")).await;
+    let refused = request_svid(&unknown, &web, hour)
+        .await
+        .expect_err("unknown token");
+    assert!(
+        matches!(refused, CaError::Rejected(ref m) if m.contains("Unauthenticated")),
+        "{refused}"
+    );
+    let anonymous = ca_client(&cp, None).await;
+    let refused = request_svid(&anonymous, &web, hour)
+        .await
+        .expect_err("no token");
+    assert!(
+        matches!(refused, CaError::Rejected(ref m) if m.contains("Unauthenticated")),
+        "{refused}"
+    );
+
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn token_file_format() {
+    let grants = TokenGrants::parse(
+        "# demo tokens\n\
+         node-a  spiffe://cluster.local/ns/shop/*  spiffe://cluster.local/ns/blog/sa/blog\n\
+         \n\
+         gateway spiffe://cluster.local/ns/infra/sa/gateway # the ingress gateway\n",
+    )
+    .expect("parses");
+    assert_eq!(grants.len(), 2);
+    let id = |s: &str| s.parse::<SpiffeId>().expect("id");
+    assert!(grants.allows("node-a", &id("spiffe://cluster.local/ns/shop/sa/web")));
+    assert!(!grants.allows("node-a", &id("spiffe://cluster.local/ns/shopping/sa/web")));
+    assert!(!grants.allows("gateway", &id("spiffe://cluster.local/ns/shop/sa/web")));
+    assert!(!grants.allows("node-b", &id("spiffe://cluster.local/ns/shop/sa/web")));
+    let error = TokenGrants::parse("lonely-token\n").expect_err("no identities");
+    assert!(error.to_string().contains("line 1"), "{error}");
+    let error = TokenGrants::parse("t spiffe://UPPER/x\n").expect_err("bad id");
+    assert!(error.to_string().contains("line 1"), "{error}");
+}
+
+#[test]
+fn every_problem_is_reported_with_file_document_and_field() {
+    let text = r#"
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: a, namespace: shop}
+spec: {address: 127.0.0.31, serviceAccount: a}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: a, namespace: shop}
+spec: {address: 127.0.0.32}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: s, namespace: shop}
+spec:
+  hosts: [s.shop.svc.cluster.local]
+  ports: [{number: 70000, name: http}]
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: t, namespace: shop}
+type: kubernetes.io/tls
+data: {tls.crt: "!!!", tls.key: "!!!"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: opaque}
+type: Opaque
+data: {password: "!!!"}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: b, namespace: shop}
+spec: {address: 127.0.0.31, ports: {http: "eighty"}}
+"#;
+    let mut set = ManifestSet::default();
+    let file = Path::new("objects.yaml");
+    let errors = set.add_str(file, text);
+    let found: Vec<(Option<usize>, Option<&str>)> = errors
+        .iter()
+        .map(|e| (e.document, e.field.as_deref()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (Some(1), Some("metadata.name")),
+            (Some(2), Some("spec.ports[0].number")),
+            (Some(3), Some("data.tls.crt")),
+            (Some(5), Some("spec.ports.http")),
+        ],
+        "{errors:#?}"
+    );
+    assert!(errors.iter().all(|e| e.file == file));
+    // The valid objects are kept; the Opaque Secret is not a TLS Secret and is skipped.
+    assert_eq!(set.workload_entries.len(), 1);
+    assert!(set.secrets.is_empty());
+}
+
+#[test]
+fn the_bundled_token_file_parses() {
+    let grants = TokenGrants::load(&bundled().join("demo-tokens.txt")).expect("parses");
+    assert_eq!(grants.len(), 3);
+}
+
+#[test]
+fn hostile_manifests_are_errors_not_panics() {
+    let deep = format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000));
+    let inputs = [
+        "- just\n- a list\n",
+        "42\n",
+        "kind: List\nitems: [1, \"two\", null]\n",
+        "kind: WorkloadEntry\napiVersion: networking.istio.io/v1\nmetadata: []\n",
+        "kind: WorkloadEntry\napiVersion: networking.istio.io/v1\nmetadata: {name: x}\nspec: {address: 1.2.3.4, ports: {a: -1}}\n",
+        "kind: ServiceEntry\napiVersion: networking.istio.io/v1\nmetadata: {name: x}\nspec: {hosts: [], ports: [{number: 0}], addresses: [\"::1\", nope]}\n",
+        "kind: Secret\napiVersion: v1\ntype: kubernetes.io/tls\nmetadata: {name: x}\nstringData: {tls.crt: x}\n",
+        "kind: Ingress\napiVersion: extensions/v1beta1\nmetadata: {name: x}\n",
+        "kind: Ingress\napiVersion: networking.k8s.io/v1\nmetadata: {name: x}\nspec: {rules: [{host: \"*\"}]}\n",
+        "kind: ServiceEntry\napiVersion: networking.istio.io/v2\nmetadata: {name: x}\n",
+        &deep,
+    ];
+    for input in inputs {
+        let mut set = ManifestSet::default();
+        let errors = set.add_str(Path::new("hostile.yaml"), input);
+        assert!(!errors.is_empty(), "{input:.60} should be rejected");
+        let _ = build_snapshot(&set, &TranslateOptions::default());
+    }
+    // Control characters: whatever the YAML parser makes of them, no panic.
+    let mut set = ManifestSet::default();
+    let _ = set.add_str(Path::new("hostile.yaml"), "\u{0}\u{1}: [");
+}

@@ -1,0 +1,499 @@
+//! `mesh-demo`: meshkit's main job. Starts a control plane, two node proxies, an ingress
+//! gateway and echo workloads in one process on loopback addresses, loads the bundled sample
+//! manifests, sends traffic through gateway -> HBONE -> node proxy -> app, checks every
+//! answer, and prints a summary. Exits 0 only if every check passed.
+//!
+//! ```text
+//! cargo run --release -p meshkit-examples --bin mesh-demo            # run the checks, exit
+//! cargo run --release -p meshkit-examples --bin mesh-demo -- --serve # then keep serving
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Empty};
+use meshkit_cli::CliError;
+use meshkit_gateway::{BACKEND_IDENTITY, BACKEND_WORKLOAD};
+use meshkit_demo::{
+    DemoMesh, EchoReply, EnvoyListeners, GATEWAY_ID, MeshOptions, envoy_bootstrap, write_samples,
+};
+use tokio::net::TcpStream;
+
+/// The proxies move bulk data through HTTP/2's 1 MiB frame buffers, which glibc's allocator
+/// hands back to the kernel on free and page-faults in again for the next frame; mimalloc
+/// keeps them (docs/hbone.md, Allocator). The binary chooses the allocator, never a library.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Runs the demo mesh on loopback and checks it end to end.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Keep serving after the checks, on fixed ports, and print where to point curl.
+    #[arg(long)]
+    serve: bool,
+    /// Gateway HTTP port with --serve.
+    #[arg(long, default_value_t = 18080)]
+    http_port: u16,
+    /// Gateway HTTPS port with --serve.
+    #[arg(long, default_value_t = 18443)]
+    https_port: u16,
+    /// Requests per route.
+    #[arg(long, default_value_t = 20)]
+    requests: usize,
+    /// Address of the HTTP listener the control plane sends an Envoy gateway in LDS (default
+    /// the control plane's, 0.0.0.0:8080).
+    #[arg(long)]
+    envoy_http: Option<SocketAddr>,
+    /// Address of Envoy's HTTPS listener, with --envoy-http (default: none).
+    #[arg(long, requires = "envoy_http")]
+    envoy_https: Option<SocketAddr>,
+    /// Write an Envoy bootstrap (YAML) that takes everything from the control plane over ADS
+    /// to this file, once the mesh is up.
+    #[arg(long)]
+    envoy_bootstrap_out: Option<std::path::PathBuf>,
+    /// The bootstrap speaks Delta ADS instead of State of the World.
+    #[arg(long)]
+    envoy_delta: bool,
+}
+
+/// One route of the sample manifests and the workloads that must answer it.
+struct Check {
+    host: &'static str,
+    path: &'static str,
+    expect: &'static [&'static str],
+    why: &'static str,
+}
+
+const CHECKS: &[Check] = &[
+    Check {
+        host: "shop.example.com",
+        path: "/",
+        expect: &["web-1", "web-2"],
+        why: "Prefix /, round-robin over two nodes",
+    },
+    Check {
+        host: "shop.example.com",
+        path: "/api/v1/items",
+        expect: &["api-1"],
+        why: "Prefix /api, longest match",
+    },
+    Check {
+        host: "shop.example.com",
+        path: "/apiary",
+        expect: &["web-1", "web-2"],
+        why: "Prefix matches whole segments only",
+    },
+    Check {
+        host: "shop.example.com",
+        path: "/healthz",
+        expect: &["api-1"],
+        why: "Exact /healthz",
+    },
+    Check {
+        host: "shop.example.com",
+        path: "/healthz/deep",
+        expect: &["web-1", "web-2"],
+        why: "Exact does not match below it",
+    },
+    Check {
+        host: "SHOP.example.com:18080",
+        path: "/api",
+        expect: &["api-1"],
+        why: "host is case-insensitive, port ignored",
+    },
+    Check {
+        host: "m.shop.example.com",
+        path: "/",
+        expect: &["web-1", "web-2"],
+        why: "wildcard *.shop.example.com",
+    },
+    Check {
+        host: "a.b.shop.example.com",
+        path: "/",
+        expect: &["fallback-1"],
+        why: "wildcard covers one label only: default backend",
+    },
+    Check {
+        host: "blog.example.com",
+        path: "/posts/1",
+        expect: &["blog-1"],
+        why: "another namespace's Ingress",
+    },
+    Check {
+        host: "unknown.example.org",
+        path: "/",
+        expect: &["fallback-1"],
+        why: "no rule: default backend",
+    },
+];
+
+#[derive(Default)]
+struct Tally {
+    statuses: BTreeMap<u16, usize>,
+    latencies: Vec<Duration>,
+    identities: BTreeMap<String, usize>,
+}
+
+fn main() -> ExitCode {
+    meshkit_cli::init_logging_quiet();
+    let args = Args::parse();
+    let result = meshkit_cli::runtime(2)
+        .map_err(CliError::from)
+        .and_then(|rt| rt.block_on(run(args)));
+    match result {
+        Ok(true) => {
+            println!("\nmesh-demo: all checks passed");
+            ExitCode::SUCCESS
+        }
+        Ok(false) => {
+            println!("\nmesh-demo: some checks FAILED");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("mesh-demo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn step(n: usize, total: usize, text: &str) {
+    println!("[{n}/{total}] {text}");
+}
+
+async fn run(args: Args) -> Result<bool, CliError> {
+    let total = 5;
+    let dir = std::env::temp_dir().join(format!("meshkit-demo-{}", std::process::id()));
+    write_samples(&dir)?;
+    step(
+        1,
+        total,
+        &format!("sample manifests written to {}", dir.display()),
+    );
+    let envoy = args.envoy_http.map(|http| EnvoyListeners {
+        http,
+        https: args.envoy_https,
+    });
+    let options = if args.serve {
+        MeshOptions {
+            http: SocketAddr::from(([127, 0, 0, 1], args.http_port)),
+            https: SocketAddr::from(([127, 0, 0, 1], args.https_port)),
+            envoy,
+        }
+    } else {
+        MeshOptions {
+            envoy,
+            ..MeshOptions::default()
+        }
+    };
+    let started = Instant::now();
+    let mesh = DemoMesh::start(dir.clone(), options, |line| println!("      {line}")).await?;
+    step(2, total, &format!("mesh up in {:?}", started.elapsed()));
+    if let Some(path) = &args.envoy_bootstrap_out {
+        let bootstrap = envoy_bootstrap(
+            mesh.control_plane.ads_addr(),
+            "envoy-gateway",
+            args.envoy_delta,
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+        );
+        std::fs::write(path, bootstrap)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("      Envoy bootstrap written to {}", path.display());
+    }
+
+    step(
+        3,
+        total,
+        &format!(
+            "{} routes x {} requests over HTTP/1.1 and HTTP/2",
+            CHECKS.len(),
+            args.requests
+        ),
+    );
+    let mut tally = Tally::default();
+    let mut all_ok = true;
+    println!(
+        "      {:<24} {:<16} {:<22} {:<7} why",
+        "host", "path", "answered by", "result"
+    );
+    for check in CHECKS {
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        let mut ok = true;
+        for i in 0..args.requests {
+            let http2 = i % 2 == 1;
+            match request(mesh.http_addr, check.host, check.path, http2).await {
+                Ok(answer) => {
+                    *tally.statuses.entry(answer.status).or_default() += 1;
+                    tally.latencies.push(answer.latency);
+                    if let Some(id) = answer.identity {
+                        *tally.identities.entry(id).or_default() += 1;
+                    }
+                    let who = answer
+                        .workload
+                        .unwrap_or_else(|| format!("status {}", answer.status));
+                    ok &= answer.status == 200
+                        && check.expect.contains(&who.as_str())
+                        && answer.echo_path_ok;
+                    *seen.entry(who).or_default() += 1;
+                }
+                Err(e) => {
+                    ok = false;
+                    *seen.entry(format!("error: {e}")).or_default() += 1;
+                }
+            }
+        }
+        // Round-robin routes must spread over every expected workload.
+        ok &= check.expect.iter().all(|w| seen.contains_key(*w));
+        all_ok &= ok;
+        let answered: Vec<String> = seen.iter().map(|(w, n)| format!("{w} x{n}")).collect();
+        println!(
+            "      {:<24} {:<16} {:<22} {:<7} {}",
+            check.host,
+            check.path,
+            answered.join(", "),
+            if ok { "ok" } else { "FAILED" },
+            check.why
+        );
+    }
+
+    step(
+        4,
+        total,
+        "HTTPS with SNI shop.example.com (certificate from the shop-tls Secret)",
+    );
+    let https_ok = match https_request(mesh.https_addr, &mesh).await {
+        Ok(workload) => {
+            let ok = workload == "web-1" || workload == "web-2";
+            println!(
+                "      https://shop.example.com/ answered by {workload}: {}",
+                if ok { "ok" } else { "FAILED" }
+            );
+            ok
+        }
+        Err(e) => {
+            println!("      https://shop.example.com/ FAILED: {e}");
+            false
+        }
+    };
+    all_ok &= https_ok;
+
+    step(5, total, "summary");
+    let mut lat = tally.latencies.clone();
+    lat.sort();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    let statuses: Vec<String> = tally
+        .statuses
+        .iter()
+        .map(|(s, n)| format!("{s} x{n}"))
+        .collect();
+    println!("      status counts: {}", statuses.join(", "));
+    println!(
+        "      latency through gateway -> HBONE -> app: p50 {:?}, p99 {:?}",
+        pct(0.5),
+        pct(0.99)
+    );
+    println!(
+        "      hop 1, gateway -> node proxy: the gateway presented {GATEWAY_ID} and verified each backend:"
+    );
+    for (id, n) in &tally.identities {
+        println!("        {id} x{n}");
+    }
+    println!("      hop 2, node proxy accepted tunnels (verified peer -> workload):");
+    for (node, proxy) in &mesh.node_proxies {
+        for ((peer, target), n) in proxy.accepted_tunnels() {
+            println!("        {node}: {peer} -> {target} x{n}");
+        }
+    }
+    let gateway_hops: usize = mesh
+        .node_proxies
+        .values()
+        .flat_map(|p| p.accepted_tunnels())
+        .filter(|((peer, _), _)| peer.as_str() == GATEWAY_ID)
+        .map(|(_, n)| n as usize)
+        .sum();
+    if gateway_hops == 0 {
+        println!("      FAILED: no node proxy saw the gateway's identity");
+        all_ok = false;
+    }
+
+    if args.serve {
+        println!("\nserving; try:");
+        println!(
+            "  curl -H 'Host: shop.example.com' http://{}/api/v1",
+            mesh.http_addr
+        );
+        println!(
+            "  curl --http2-prior-knowledge -H 'Host: blog.example.com' http://{}/",
+            mesh.http_addr
+        );
+        println!(
+            "  curl --resolve shop.example.com:{port}:127.0.0.1 -k https://shop.example.com:{port}/",
+            port = mesh.https_addr.port()
+        );
+        println!(
+            "  edit {} and watch routing change; Ctrl-C to stop",
+            mesh.manifest_dir.display()
+        );
+        meshkit_cli::stop_signal().await;
+    }
+    drop(mesh);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(all_ok)
+}
+
+struct Answer {
+    status: u16,
+    workload: Option<String>,
+    identity: Option<String>,
+    echo_path_ok: bool,
+    latency: Duration,
+}
+
+/// One request to the gateway over a new connection, HTTP/1.1 or HTTP/2 prior knowledge.
+async fn request(
+    gateway: SocketAddr,
+    host: &str,
+    path: &str,
+    http2: bool,
+) -> Result<Answer, CliError> {
+    let started = Instant::now();
+    let sock = TcpStream::connect(gateway).await?;
+    let io = hyper_util::rt::TokioIo::new(sock);
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, host)
+        .body(Empty::<Bytes>::new())?;
+    let resp = if http2 {
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io).await?;
+        tokio::spawn(conn);
+        let mut req = req;
+        *req.uri_mut() = format!("http://{host}{path}").parse()?;
+        req.headers_mut().remove(hyper::header::HOST);
+        send.send_request(req).await?
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io).await?;
+        tokio::spawn(conn);
+        send.send_request(req).await?
+    };
+    let status = resp.status().as_u16();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (workload, identity) = (header(BACKEND_WORKLOAD), header(BACKEND_IDENTITY));
+    let body = resp.into_body().collect().await?.to_bytes();
+    let echo_path_ok = serde_json::from_slice::<EchoReply>(&body)
+        .map(|reply| reply.path == path && reply.headers.contains_key("x-forwarded-for"))
+        .unwrap_or(status != 200);
+    Ok(Answer {
+        status,
+        workload,
+        identity,
+        echo_path_ok,
+        latency: started.elapsed(),
+    })
+}
+
+/// A request over TLS with SNI shop.example.com, accepting only the certificate of the
+/// shop-tls Secret the gateway received over xDS.
+async fn https_request(gateway: SocketAddr, mesh: &DemoMesh) -> Result<String, CliError> {
+    let secret = mesh
+        .gateway_secret("shop-tls")
+        .ok_or("the gateway has no shop-tls Secret")?;
+    let expected = meshkit_identity::certs_from_pem(&secret.cert_pem)?;
+    let config = rustls::ClientConfig::builder_with_provider(meshkit_cli::crypto_provider())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Pinned(expected[0].clone().into_owned())))
+        .with_no_client_auth();
+    let sock = TcpStream::connect(gateway).await?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("shop.example.com")?,
+            sock,
+        )
+        .await?;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/")
+        .header(hyper::header::HOST, "shop.example.com")
+        .body(Empty::<Bytes>::new())?;
+    let resp = send.send_request(req).await?;
+    if resp.status() != 200 {
+        return Err(format!("status {}", resp.status()).into());
+    }
+    resp.headers()
+        .get(BACKEND_WORKLOAD)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| "no backend header".into())
+}
+
+/// Accepts exactly one certificate: the demo pins the Secret it served (its key is public).
+#[derive(Debug)]
+struct Pinned(rustls::pki_types::CertificateDer<'static>);
+
+impl rustls::client::danger::ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.0.as_ref() {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &meshkit_cli::crypto_provider().signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &meshkit_cli::crypto_provider().signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        meshkit_cli::crypto_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}

@@ -1,0 +1,446 @@
+//! The demo mesh assembled from meshkit's parts: a control plane, two node proxies and an
+//! ingress gateway that get their configuration over xDS and their certificates from the
+//! control plane's CA, and echo workloads, all in one process on loopback addresses.
+//!
+//! The node proxies use Delta ADS, the gateway State-of-the-World ADS, so both variants of the
+//! xDS client are exercised by every run.
+//!
+//! This crate is the demo and nothing depends on it: the parts it assembles are the
+//! `meshkit-control-plane`, `meshkit-node-proxy` and `meshkit-gateway` crates, and the echo
+//! application ([`serve_echo`]) stands in for the workloads.
+//!
+//! # Feature flags
+//!
+//! - `aws-lc-rs`: aws-lc-rs instead of ring as the crypto provider of every part.
+//!
+//! # Stability
+//!
+//! Pre-1.0, and a demo: its API follows what `mesh-demo` and the tests need.
+
+mod echo;
+
+pub use echo::{EchoReply, serve_echo};
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshkit_cli::CliError;
+use meshkit_control_plane::ca::TokenGrants;
+use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
+use meshkit_gateway::feed::gateway_config_over_xds;
+use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
+use meshkit_identity::istio::IstioCaClient;
+use meshkit_identity::{SpiffeId, SvidCache, TrustBundle, TrustBundleSet, TrustDomain};
+use meshkit_mesh::MeshConfig;
+use meshkit_mesh::feed::mesh_over_xds;
+use meshkit_node_proxy::{NodeProxy, NodeProxyConfig};
+use meshkit_xds_client::envoy::Node;
+use meshkit_xds_client::protocol::Mode;
+use meshkit_xds_client::ClientConfig as XdsConfig;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The bundled sample manifests, written to a folder the control plane reads.
+pub const SAMPLE_MANIFESTS: &[(&str, &str)] = &[
+    (
+        "ingress-class.yaml",
+        include_str!("../manifests/ingress-class.yaml"),
+    ),
+    ("shop.yaml", include_str!("../manifests/shop.yaml")),
+    (
+        "shop-ingress.yaml",
+        include_str!("../manifests/shop-ingress.yaml"),
+    ),
+    (
+        "shop-tls-secret.yaml",
+        include_str!("../manifests/shop-tls-secret.yaml"),
+    ),
+    ("blog.yaml", include_str!("../manifests/blog.yaml")),
+];
+
+/// The demo's bootstrap tokens (see `manifests/demo-tokens.txt`: the demo's trust model).
+pub const DEMO_TOKENS: &str = include_str!("../manifests/demo-tokens.txt");
+
+/// The nodes of the demo and their bootstrap tokens.
+pub const NODES: &[(&str, &str)] = &[
+    ("node-a", "demo-node-a-token"),
+    ("node-b", "demo-node-b-token"),
+];
+
+/// The cluster name the demo's parts send to the control plane in their xDS node.
+pub const DEMO_CLUSTER: &str = "meshkit-demo";
+
+/// The gateway's identity and token.
+pub const GATEWAY_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/ingress-gateway";
+const GATEWAY_TOKEN: &str = "demo-gateway-token";
+
+/// Where the gateway listens.
+#[derive(Debug, Clone, Copy)]
+pub struct MeshOptions {
+    /// Plain HTTP (HTTP/1.1 and HTTP/2 prior knowledge).
+    pub http: SocketAddr,
+    /// HTTPS with the certificate chosen by SNI.
+    pub https: SocketAddr,
+    /// The listener addresses the control plane sends an Envoy gateway in LDS. `None` (the
+    /// default) keeps the control plane's defaults (`0.0.0.0:8080` and `0.0.0.0:8443`).
+    pub envoy: Option<EnvoyListeners>,
+}
+
+/// Where an Envoy fed by the demo's control plane listens (see [`envoy_bootstrap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvoyListeners {
+    /// Plain HTTP.
+    pub http: SocketAddr,
+    /// HTTPS with the certificate chosen by SNI; `None` for no HTTPS listener.
+    pub https: Option<SocketAddr>,
+}
+
+impl Default for MeshOptions {
+    fn default() -> Self {
+        Self {
+            http: SocketAddr::from(([127, 0, 0, 1], 0)),
+            https: SocketAddr::from(([127, 0, 0, 1], 0)),
+            envoy: None,
+        }
+    }
+}
+
+/// An Envoy bootstrap (YAML) that takes all of its configuration (LDS, CDS and through them
+/// RDS, EDS, SDS) from the ADS server at `ads` (plaintext gRPC, as the demo's control plane
+/// serves it), State of the World or, with `delta`, incremental. The admin interface listens
+/// on `admin` (port 0: any free port; Envoy writes the bound address to
+/// `--admin-address-path` if asked).
+pub fn envoy_bootstrap(ads: SocketAddr, node_id: &str, delta: bool, admin: SocketAddr) -> String {
+    let api_type = if delta { "DELTA_GRPC" } else { "GRPC" };
+    format!(
+        r#"node:
+  id: {node_id}
+  cluster: meshkit-demo
+admin:
+  address: {{ socket_address: {{ address: {admin_ip}, port_value: {admin_port} }} }}
+dynamic_resources:
+  ads_config:
+    api_type: {api_type}
+    transport_api_version: V3
+    set_node_on_first_message_only: true
+    grpc_services:
+    - envoy_grpc: {{ cluster_name: xds }}
+  lds_config: {{ ads: {{}}, resource_api_version: V3 }}
+  cds_config: {{ ads: {{}}, resource_api_version: V3 }}
+static_resources:
+  clusters:
+  - name: xds
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: xds
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address: {{ socket_address: {{ address: {ads_ip}, port_value: {ads_port} }} }}
+"#,
+        admin_ip = admin.ip(),
+        admin_port = admin.port(),
+        ads_ip = ads.ip(),
+        ads_port = ads.port(),
+    )
+}
+
+/// A running demo mesh. Dropping it stops every part.
+pub struct DemoMesh {
+    /// The manifest folder the control plane watches (edit it to change the mesh).
+    pub manifest_dir: PathBuf,
+    /// The control plane.
+    pub control_plane: ControlPlane,
+    /// The node proxies, by node name.
+    pub node_proxies: BTreeMap<String, NodeProxy>,
+    /// Where the gateway serves plain HTTP.
+    pub http_addr: SocketAddr,
+    /// Where the gateway serves HTTPS.
+    pub https_addr: SocketAddr,
+    /// The mesh as the gateway sees it, from xDS.
+    pub gateway_config: watch::Receiver<GatewayConfig>,
+    /// What each node proxy is started from, to restart it.
+    node_parts: BTreeMap<String, NodeParts>,
+    trust_domain: TrustDomain,
+    bundles: Arc<TrustBundleSet>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// A node proxy's certificate cache and xDS-fed mesh, which outlive the proxy itself.
+struct NodeParts {
+    certs: SvidCache,
+    mesh: watch::Receiver<MeshConfig>,
+}
+
+impl std::fmt::Debug for DemoMesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DemoMesh")
+            .field("manifest_dir", &self.manifest_dir)
+            .field("http_addr", &self.http_addr)
+            .field("https_addr", &self.https_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for DemoMesh {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Writes the sample manifests into `dir` (created if needed).
+///
+/// # Errors
+///
+/// When the folder or a file cannot be written.
+pub fn write_samples(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (name, text) in SAMPLE_MANIFESTS {
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}
+
+impl DemoMesh {
+    /// Starts the mesh from the manifests in `manifest_dir`, reporting each step to
+    /// `progress`, and returns once the gateway has routes and endpoints to serve.
+    ///
+    /// # Errors
+    ///
+    /// When a part cannot start (an address in use, the CA refusing a token, no configuration
+    /// arriving within 20 s).
+    pub async fn start(
+        manifest_dir: PathBuf,
+        options: MeshOptions,
+        progress: impl Fn(&str),
+    ) -> Result<Self, CliError> {
+        let td = TrustDomain::new("cluster.local")?;
+        let mut cp_config = ControlPlaneConfig::new(&manifest_dir)
+            .with_ads_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .with_ca_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .with_grants(TokenGrants::parse(DEMO_TOKENS)?);
+        if let Some(envoy) = options.envoy {
+            cp_config.translate.http_listener = envoy.http;
+            cp_config.translate.https_listener = envoy.https;
+        }
+        let control_plane = ControlPlane::start(cp_config).await?;
+        progress(&format!(
+            "control plane: ADS on {}, CA on {}",
+            control_plane.ads_uri(),
+            control_plane.ca_addr()
+        ));
+        let bundles: Arc<TrustBundleSet> =
+            Arc::new(TrustBundle::from_pem(td.clone(), control_plane.root_pem())?.into());
+        let ca_channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", control_plane.ca_addr()))?
+                .connect_lazy();
+        let mut tasks = Vec::new();
+
+        // Node proxies: certificates from the CA, workloads over Delta ADS.
+        let mut node_proxies = BTreeMap::new();
+        let mut node_parts = BTreeMap::new();
+        for (node, token) in NODES {
+            let ca = IstioCaClient::new(ca_channel.clone()).with_bearer_token(token)?;
+            let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
+            let (rx, feed) = mesh_over_xds(xds_config(&control_plane, Mode::Delta, node));
+            tasks.extend(feed);
+            let proxy = NodeProxy::start(
+                node_proxy_config(node, &td),
+                rx.clone(),
+                certs.clone(),
+                bundles.clone(),
+            )
+            .await?;
+            node_proxies.insert((*node).to_owned(), proxy);
+            node_parts.insert((*node).to_owned(), NodeParts { certs, mesh: rx });
+        }
+        progress("node proxies: node-a and node-b, workloads over Delta xDS");
+
+        // The gateway: Ingresses, classes, secrets and workloads over State-of-the-World ADS.
+        let gateway_id: SpiffeId = GATEWAY_ID.parse()?;
+        let ca = IstioCaClient::new(ca_channel).with_bearer_token(GATEWAY_TOKEN)?;
+        let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
+        certs.get(&gateway_id).await?;
+        let (gateway_config, feed) = gateway_config_over_xds(xds_config(
+            &control_plane,
+            Mode::StateOfTheWorld,
+            "gateway",
+        ));
+        tasks.extend(feed);
+        let hbone =
+            meshkit_hbone::Client::new(meshkit_cli::hbone_client_config(), certs, bundles.clone());
+        let gateway = Gateway::new(
+            GatewaySettings::new(gateway_id).with_provider(meshkit_cli::crypto_provider()),
+            hbone,
+            gateway_config.clone(),
+        );
+        let http = TcpListener::bind(options.http).await?;
+        let https = TcpListener::bind(options.https).await?;
+        let (http_addr, https_addr) = (http.local_addr()?, https.local_addr()?);
+        let serve_http = gateway.clone().serve_http(http);
+        tasks.push(tokio::spawn(async move {
+            let _ = serve_http.await;
+        }));
+        let serve_https = gateway.serve_https(https);
+        tasks.push(tokio::spawn(async move {
+            let _ = serve_https.await;
+        }));
+
+        // Wait for the configuration: resources arrive one event at a time, so wait until
+        // routes and endpoints are there and nothing has changed for a moment.
+        let mut config = gateway_config.clone();
+        let ready = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let complete = {
+                    let c = config.borrow_and_update();
+                    !c.ingresses.is_empty()
+                        && !c.secrets.is_empty()
+                        && !c.mesh.workloads.is_empty()
+                        && c.mesh.services.iter().all(|s| !s.endpoints.is_empty())
+                };
+                match tokio::time::timeout(Duration::from_millis(300), config.changed()).await {
+                    Err(_) if complete => break,
+                    Err(_) | Ok(Ok(())) => {}
+                    Ok(Err(_)) => break,
+                }
+            }
+        })
+        .await;
+        if ready.is_err() {
+            return Err("no complete configuration reached the gateway within 20 s".into());
+        }
+        let mesh = config.borrow().mesh.clone();
+        for (addr, name) in app_listeners(&mesh) {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot start workload {name} on {addr}: {e}"))?;
+            tasks.push(tokio::spawn(serve_echo(listener, name)));
+        }
+        progress(&format!(
+            "workloads: {} echo applications behind their node proxies",
+            mesh.workloads.len()
+        ));
+        // Each node proxy serves inbound HBONE for its own workloads once it has their
+        // certificates: wait for every one of them.
+        for (node, proxy) in &node_proxies {
+            let expected = mesh.workloads.iter().filter(|w| &w.node == node).count();
+            let mut inbound = proxy.watch_inbound();
+            let serving = tokio::time::timeout(Duration::from_secs(20), async {
+                while inbound.borrow_and_update().len() < expected {
+                    if inbound.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await;
+            if serving.is_err() {
+                return Err(format!(
+                    "{node} did not serve inbound HBONE for its {expected} workloads within 20 s"
+                )
+                .into());
+            }
+        }
+        progress(&format!(
+            "gateway: HTTP on {http_addr}, HTTPS on {https_addr}, as {GATEWAY_ID}"
+        ));
+        Ok(Self {
+            manifest_dir,
+            control_plane,
+            node_proxies,
+            node_parts,
+            trust_domain: td,
+            bundles,
+            http_addr,
+            https_addr,
+            gateway_config,
+            tasks,
+        })
+    }
+}
+
+impl DemoMesh {
+    /// The TLS Secret `name` as the gateway last received it over xDS.
+    pub fn gateway_secret(&self, name: &str) -> Option<TlsCertificate> {
+        self.gateway_config
+            .borrow()
+            .secrets
+            .iter()
+            .find(|s| s.name == name)
+            .cloned()
+    }
+
+    /// Stops the node proxy of `node` (its workloads become unreachable through the mesh).
+    pub fn stop_node(&mut self, node: &str) {
+        if let Some(proxy) = self.node_proxies.remove(node) {
+            proxy.shutdown();
+        }
+    }
+
+    /// Starts the node proxy of `node` again, with the certificates and mesh it had.
+    ///
+    /// # Errors
+    ///
+    /// When `node` is not a node of the demo, or the proxy cannot start.
+    pub async fn start_node(&mut self, node: &str) -> Result<(), CliError> {
+        self.stop_node(node);
+        let parts = self
+            .node_parts
+            .get(node)
+            .ok_or_else(|| format!("no node {node} in the demo"))?;
+        let proxy = NodeProxy::start(
+            node_proxy_config(node, &self.trust_domain),
+            parts.mesh.clone(),
+            parts.certs.clone(),
+            self.bundles.clone(),
+        )
+        .await?;
+        self.node_proxies.insert(node.to_owned(), proxy);
+        Ok(())
+    }
+}
+
+/// The demo's xDS client configuration for `node` of the demo cluster.
+fn xds_config(control_plane: &ControlPlane, mode: Mode, node: &str) -> XdsConfig {
+    let node = Node {
+        id: node.to_owned(),
+        cluster: DEMO_CLUSTER.to_owned(),
+        ..Default::default()
+    };
+    XdsConfig::new(control_plane.ads_uri(), mode, node)
+}
+
+/// A node proxy of the demo, with the programs' crypto provider.
+fn node_proxy_config(node: &str, trust_domain: &TrustDomain) -> NodeProxyConfig {
+    NodeProxyConfig::new(node, trust_domain.clone()).with_client(meshkit_cli::hbone_client_config())
+}
+
+/// One listener per (workload address, target port) of the services' endpoints.
+fn app_listeners(mesh: &MeshConfig) -> BTreeMap<SocketAddr, String> {
+    let names: BTreeMap<IpAddr, &str> = mesh
+        .workloads
+        .iter()
+        .map(|w| (w.ip, w.name.as_str()))
+        .collect();
+    let mut out = BTreeMap::new();
+    for service in &mesh.services {
+        for ip in &service.endpoints {
+            for port in &service.ports {
+                let name = names.get(ip).copied().unwrap_or("unknown");
+                out.insert(SocketAddr::new(*ip, port.target_port), name.to_owned());
+            }
+        }
+    }
+    out
+}
+

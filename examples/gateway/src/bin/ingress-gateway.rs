@@ -1,0 +1,215 @@
+//! `ingress-gateway`: HTTP/1.1 and HTTP/2 (plain and TLS by SNI), routed by Kubernetes
+//! Ingresses, forwarded over HBONE to the backends' workloads.
+//!
+//! ```text
+//! ingress-gateway --listen 127.0.0.3:8080 --listen-tls 127.0.0.3:8443 \
+//!     --ingress ingress.yaml --mesh mesh.json \
+//!     --tls-secret shop/shop-tls=tls.crt,tls.key \
+//!     --ca http://127.0.0.1:15012 --ca-root root.pem --ca-token demo-token
+//! ```
+//!
+//! The Ingress file (YAML, multi-document) and the mesh file (JSON of
+//! `meshkit_mesh::MeshConfig`) are re-read when they change; new requests use
+//! the new configuration, open connections stay. Stops on SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Parser;
+use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
+use meshkit_mesh::MeshConfig;
+use meshkit_xds_client::envoy::Node;
+use meshkit_xds_client::protocol::Mode;
+use meshkit_cli::{
+    CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
+};
+use meshkit_hbone::Client;
+use meshkit_identity::SvidCache;
+use meshkit_identity::istio::IstioCaClient;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// The proxies move bulk data through HTTP/2's 1 MiB frame buffers, which glibc's allocator
+/// hands back to the kernel on free and page-faults in again for the next frame; mimalloc
+/// keeps them (docs/hbone.md, Allocator). The binary chooses the allocator, never a library.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Ingress gateway over HBONE.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Plain HTTP listener (HTTP/1.1 and HTTP/2 prior knowledge).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// HTTPS listener (certificate by SNI from the Ingresses' `tls`).
+    #[arg(long)]
+    listen_tls: Option<SocketAddr>,
+    /// YAML file with the Ingresses; re-read when it changes.
+    #[arg(long, required_unless_present = "xds", requires = "mesh")]
+    ingress: Option<PathBuf>,
+    /// JSON file with the mesh's workloads and services; re-read when it changes.
+    #[arg(long, required_unless_present = "xds", requires = "ingress")]
+    mesh: Option<PathBuf>,
+    /// The control plane's ADS URL (`http://HOST:PORT`): Ingresses, IngressClasses, TLS
+    /// Secrets and workloads over State-of-the-World xDS instead of files.
+    #[arg(long, conflicts_with_all = ["ingress", "mesh", "tls_secrets"])]
+    xds: Option<String>,
+    /// The xDS node ID the gateway sends to the control plane.
+    #[arg(long, default_value = "ingress-gateway")]
+    node_id: String,
+    /// The cluster the gateway belongs to, sent in the xDS node.
+    #[arg(long, default_value = "Kubernetes")]
+    cluster: String,
+    /// `NAMESPACE/NAME=CERT,KEY`: a TLS Secret from PEM files. Repeatable.
+    #[arg(long = "tls-secret")]
+    tls_secrets: Vec<String>,
+    /// The gateway's SPIFFE ID.
+    #[arg(
+        long,
+        default_value = "spiffe://cluster.local/ns/istio-system/sa/ingress-gateway"
+    )]
+    identity: String,
+    /// URL of the Istio-protocol CA (`IstioCertificateService`).
+    #[arg(long)]
+    ca: String,
+    /// PEM roots of the trust domain (the CA's root certificate).
+    #[arg(long)]
+    ca_root: PathBuf,
+    /// Bearer token sent to the CA.
+    #[arg(long)]
+    ca_token: Option<String>,
+    /// Only route Ingresses of this IngressClass.
+    #[arg(long)]
+    ingress_class: Option<String>,
+    /// Worker threads (1: everything on one thread).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let args = Args::parse();
+    run_main("ingress-gateway", args.threads, run(args))
+}
+
+fn read(path: &Path, what: &str) -> Result<String, CliError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {what} file {}: {e}", path.display()).into())
+}
+
+fn load_secret(spec: &str) -> Result<TlsCertificate, CliError> {
+    let bad = || format!("--tls-secret {spec:?}: expected NAMESPACE/NAME=CERT,KEY");
+    let (name, files) = spec.split_once('=').ok_or_else(bad)?;
+    let (namespace, name) = name.split_once('/').ok_or_else(bad)?;
+    let (cert, key) = files.split_once(',').ok_or_else(bad)?;
+    Ok(TlsCertificate {
+        namespace: namespace.into(),
+        name: name.into(),
+        cert_pem: read(Path::new(cert), "certificate")?,
+        key_pem: read(Path::new(key), "private key")?,
+    })
+}
+
+fn load_config(
+    ingress: &Path,
+    mesh: &Path,
+    secrets: &[TlsCertificate],
+) -> Result<GatewayConfig, CliError> {
+    let ingresses = meshkit_ingress_model::manifest::from_yaml_str(&read(ingress, "Ingress")?)
+        .map_err(|e| format!("Ingress file {}: {e}", ingress.display()))?;
+    let mesh = MeshConfig::load(mesh).map_err(|e| meshkit_cli::error_chain(&e))?;
+    Ok(GatewayConfig {
+        ingresses,
+        secrets: secrets.to_vec(),
+        mesh,
+        ..GatewayConfig::default()
+    })
+}
+
+async fn run(args: Args) -> Result<(), CliError> {
+    if args.listen.is_none() && args.listen_tls.is_none() {
+        return Err("give --listen, --listen-tls or both".into());
+    }
+    let identity = parse_id("--identity", &args.identity)?;
+    let bundles = load_bundle(&args.ca_root, &identity.trust_domain())?;
+    let channel = tonic::transport::Endpoint::from_shared(args.ca.clone())
+        .map_err(|e| format!("--ca {:?}: {e}", args.ca))?
+        .connect_lazy();
+    let mut ca = IstioCaClient::new(channel);
+    if let Some(token) = &args.ca_token {
+        ca = ca.with_bearer_token(token)?;
+    }
+    let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
+    let client = Client::new(meshkit_cli::hbone_client_config(), certs, bundles);
+
+    let secrets = args
+        .tls_secrets
+        .iter()
+        .map(|s| load_secret(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Configuration from the control plane over xDS, or from files re-read every second.
+    let files = args.ingress.clone().zip(args.mesh.clone());
+    let (config_tx, config_rx, _feed) = match (&args.xds, &files) {
+        (Some(ads), _) => {
+            let node = Node {
+                id: args.node_id.clone(),
+                cluster: args.cluster.clone(),
+                ..Default::default()
+            };
+            let (rx, feed) = meshkit_gateway::feed::gateway_config_over_xds(
+                meshkit_xds_client::ClientConfig::new(ads.clone(), Mode::StateOfTheWorld, node),
+            );
+            tracing::info!(%ads, "configuration over xDS");
+            (None, rx, feed)
+        }
+        (None, Some((ingress, mesh))) => {
+            let (tx, rx) = watch::channel(load_config(ingress, mesh, &secrets)?);
+            (Some(tx), rx, Vec::new())
+        }
+        (None, None) => return Err("give --xds, or --ingress and --mesh".into()),
+    };
+    let mut settings = GatewaySettings::new(identity).with_provider(meshkit_cli::crypto_provider());
+    if let Some(class) = &args.ingress_class {
+        settings = settings.with_ingress_class(class.clone());
+    }
+    let gateway = Gateway::new(settings, client, config_rx);
+
+    let mut servers = tokio::task::JoinSet::new();
+    if let Some(addr) = args.listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        tracing::info!(%addr, "HTTP listener");
+        servers.spawn(gateway.clone().serve_http(listener));
+    }
+    if let Some(addr) = args.listen_tls {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        tracing::info!(%addr, "HTTPS listener");
+        servers.spawn(gateway.clone().serve_https(listener));
+    }
+
+    let reload = async {
+        let (Some(config_tx), Some((ingress, mesh))) = (&config_tx, &files) else {
+            return std::future::pending().await;
+        };
+        reload_every_second(config_tx, "configuration", || {
+            load_config(ingress, mesh, &secrets)
+        })
+        .await
+    };
+    tokio::select! {
+        () = stop_signal() => tracing::info!("stopping"),
+        () = reload => {}
+        Some(done) = servers.join_next() => {
+            if let Ok(Err(e)) = done {
+                return Err(e.into());
+            }
+        }
+    }
+    servers.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,392 @@
+//! The gateway's request path as a tower stack. Each step is a [`Layer`] and reads what the
+//! steps before it found from the request's extensions, so a filter is one more layer, not an
+//! edit in the middle of a handler:
+//!
+//! ```text
+//! RouteLayer    host + path -> the Ingress backend         400 no host, 404 no route
+//! ResolveLayer  backend -> the service's endpoints         503 unknown service, port, endpoints
+//! RewriteLayer  hop-by-hop headers out, X-Forwarded-* in;  the answer in the client's version
+//! Forward       endpoint by endpoint: a pooled backend connection or a new HBONE tunnel
+//! ```
+//!
+//! Every step answers errors itself (a short plain-text response with the status above) and
+//! never fails as a `Service`: the stack's error type is [`Infallible`].
+//!
+//! A layer of one's own goes between any two of these; it can read the [`Client`],
+//! [`RouteTarget`] and [`ResolvedBackends`] extensions that the earlier steps leave.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use meshkit_hbone::Target;
+use meshkit_mesh::Endpoint;
+use tower::Layer;
+use tower_service::Service;
+
+use crate::proxy::{self, Body, Exchange, error};
+use crate::{Compiled, Shared};
+
+/// The boxed future every step returns.
+pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+/// The client connection a request came on (inserted by the listener, before the stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// `http` or `https`.
+    pub scheme: &'static str,
+}
+
+/// What [`RouteLayer`] found: the request's host and the backend its route names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteTarget {
+    /// The request's host (`:authority` or `Host`), port included if the client sent one.
+    pub host: String,
+    /// The namespace of the Ingress that matched (its backend service is in it).
+    pub namespace: String,
+    /// The backend service's name.
+    pub service: String,
+    /// The backend port by number, if the Ingress numbers it.
+    pub port_number: Option<u16>,
+    /// The backend port by name, if the Ingress names it.
+    pub port_name: Option<String>,
+}
+
+/// What [`ResolveLayer`] found: the endpoints to try, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedBackends {
+    /// The service's endpoints for the routed port, starting with this request's turn of
+    /// the round robin.
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// The configuration a request is served with, taken once by [`RouteLayer`] so that every
+/// later step sees the same one even if a new one arrives meanwhile.
+#[derive(Clone)]
+struct Config(Arc<Compiled>);
+
+/// Builds the gateway's stack over `shared`.
+pub(crate) fn build(shared: Arc<Shared>) -> Stack {
+    tower::ServiceBuilder::new()
+        .layer(RouteLayer::new(shared.clone()))
+        .layer(ResolveLayer::new(shared.clone()))
+        .layer(RewriteLayer)
+        .service(Forward { shared })
+}
+
+/// The assembled stack.
+pub(crate) type Stack = Route<Resolve<Rewrite<Forward>>>;
+
+// === route ===
+
+/// Routes by host and path in the current route table (Kubernetes Ingress semantics).
+#[derive(Clone)]
+pub struct RouteLayer {
+    shared: Arc<Shared>,
+}
+
+/// The [`RouteLayer`] service.
+#[derive(Clone)]
+pub struct Route<S> {
+    shared: Arc<Shared>,
+    inner: S,
+}
+
+impl RouteLayer {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+impl<S> Layer<S> for RouteLayer {
+    type Service = Route<S>;
+    fn layer(&self, inner: S) -> Route<S> {
+        Route {
+            shared: self.shared.clone(),
+            inner,
+        }
+    }
+}
+
+impl<S> Service<Request<Incoming>> for Route<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
+        let Some(host) = proxy::request_host(&req) else {
+            return ready(error(StatusCode::BAD_REQUEST, "no host in the request"));
+        };
+        let compiled = self.shared.current.borrow().clone();
+        let Some(route) = compiled.table.route(&host, req.uri().path()) else {
+            return ready(error(StatusCode::NOT_FOUND, "no route"));
+        };
+        let Some(backend) = route.backend().service.as_ref() else {
+            return ready(error(
+                StatusCode::NOT_FOUND,
+                "route has no service backend",
+            ));
+        };
+        let target = RouteTarget {
+            namespace: route.namespace().to_owned(),
+            service: backend.name.clone().unwrap_or_default(),
+            port_number: backend
+                .port
+                .as_ref()
+                .and_then(|p| p.number)
+                .and_then(|n| u16::try_from(n).ok()),
+            port_name: backend.port.as_ref().and_then(|p| p.name.clone()),
+            host,
+        };
+        req.extensions_mut().insert(target);
+        req.extensions_mut().insert(Config(compiled.clone()));
+        Box::pin(self.inner.call(req))
+    }
+}
+
+// === resolve ===
+
+/// Resolves the routed backend service to its endpoints in the mesh, round-robin per
+/// service port.
+#[derive(Clone)]
+pub struct ResolveLayer {
+    shared: Arc<Shared>,
+}
+
+/// The [`ResolveLayer`] service.
+#[derive(Clone)]
+pub struct Resolve<S> {
+    shared: Arc<Shared>,
+    inner: S,
+}
+
+impl ResolveLayer {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+impl<S> Layer<S> for ResolveLayer {
+    type Service = Resolve<S>;
+    fn layer(&self, inner: S) -> Resolve<S> {
+        Resolve {
+            shared: self.shared.clone(),
+            inner,
+        }
+    }
+}
+
+impl<S> Service<Request<Incoming>> for Resolve<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
+        let (Some(target), Some(Config(compiled))) = (
+            req.extensions().get::<RouteTarget>(),
+            req.extensions().get::<Config>(),
+        ) else {
+            return ready(error(StatusCode::INTERNAL_SERVER_ERROR, "request not routed"));
+        };
+        let Some(service) = compiled.index.service(&target.namespace, &target.service) else {
+            tracing::info!(namespace = %target.namespace, service = %target.service, "backend service unknown");
+            return ready(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "backend service unknown",
+            ));
+        };
+        let Some(port) = service.port(target.port_number, target.port_name.as_deref()) else {
+            return ready(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "backend service has no such port",
+            ));
+        };
+        let mut endpoints = compiled.index.endpoints(service, port);
+        if endpoints.is_empty() {
+            return ready(error(StatusCode::SERVICE_UNAVAILABLE, "no endpoints"));
+        }
+        let turn = self
+            .shared
+            .next_endpoint(&target.namespace, &target.service, port.port);
+        let len = endpoints.len();
+        endpoints.rotate_left(turn % len);
+        req.extensions_mut().insert(ResolvedBackends { endpoints });
+        Box::pin(self.inner.call(req))
+    }
+}
+
+// === rewrite ===
+
+/// Rewrites the request for an HTTP/1.1 backend (origin-form target, `Host`, hop-by-hop
+/// headers removed, `X-Forwarded-For`, `X-Forwarded-Proto` and `Forwarded` naming the client)
+/// and gives the answer back in the client's HTTP version, whatever the backend spoke.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RewriteLayer;
+
+/// The [`RewriteLayer`] service.
+#[derive(Debug, Clone)]
+pub struct Rewrite<S> {
+    inner: S,
+}
+
+impl<S> Layer<S> for RewriteLayer {
+    type Service = Rewrite<S>;
+    fn layer(&self, inner: S) -> Rewrite<S> {
+        Rewrite { inner }
+    }
+}
+
+impl<S> Service<Request<Incoming>> for Rewrite<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
+        let (Some(client), Some(target)) = (
+            req.extensions().get::<Client>().copied(),
+            req.extensions().get::<RouteTarget>(),
+        ) else {
+            return ready(error(StatusCode::INTERNAL_SERVER_ERROR, "request not routed"));
+        };
+        let host = target.host.clone();
+        let version = req.version();
+        proxy::prepare(&mut req, &host, client.addr, client.scheme);
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let mut resp = answer.await?;
+            *resp.version_mut() = version;
+            Ok(resp)
+        })
+    }
+}
+
+// === forward ===
+
+/// Forwards to the resolved endpoints in turn: an idle pooled connection to the endpoint
+/// first, else a new HBONE tunnel presenting the gateway's identity and expecting the
+/// endpoint workload's; an endpoint whose tunnel cannot be opened is skipped (503 when none
+/// can). The answer names the workload that answered and the identity its end proved.
+#[derive(Clone)]
+pub struct Forward {
+    shared: Arc<Shared>,
+}
+
+impl Service<Request<Incoming>> for Forward {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> ResponseFuture {
+        let shared = self.shared.clone();
+        Box::pin(async move { Ok(forward(&shared, req).await) })
+    }
+}
+
+async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> {
+    let Some(ResolvedBackends { endpoints }) = req.extensions_mut().remove::<ResolvedBackends>()
+    else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "request not resolved");
+    };
+    for ep in &endpoints {
+        tracing::debug!(path = %req.uri().path(), endpoint = %ep.address, identity = %ep.identity, "forwarding");
+        let key = (ep.hbone, ep.address, ep.identity.clone());
+        // An idle connection to this endpoint first. One that closed since it was pooled
+        // gives the request back, and a new tunnel takes it.
+        if let Some(mut sender) = shared.pool.checkout(&key) {
+            match proxy::exchange(&mut sender, req).await {
+                Exchange::Answered(resp) => {
+                    shared.pool.put_back_when_ready(key, sender);
+                    return answered(shared, resp, ep);
+                }
+                Exchange::Failed(resp) => return answered(shared, resp, ep),
+                Exchange::NotSent(back) => req = back,
+            }
+        }
+        // The tunnel carries no `Forwarded` header: it serves many clients in turn, and each
+        // request names its own client in its HTTP headers.
+        let target = Target::new(
+            ep.hbone,
+            ep.address,
+            shared.settings.identity.clone(),
+            ep.identity.clone(),
+        );
+        let tunnel = match shared.client.open(target).await {
+            Ok(tunnel) => tunnel,
+            Err(e) => {
+                tracing::info!(endpoint = %ep.address, workload = %ep.workload, error = %e, "endpoint unreachable; trying the next");
+                continue;
+            }
+        };
+        let mut sender = match proxy::connect(tunnel).await {
+            Ok(sender) => sender,
+            Err(resp) => return answered(shared, resp, ep),
+        };
+        return match proxy::exchange(&mut sender, req).await {
+            Exchange::Answered(resp) => {
+                shared.pool.put_back_when_ready(key, sender);
+                answered(shared, resp, ep)
+            }
+            Exchange::Failed(resp) => answered(shared, resp, ep),
+            Exchange::NotSent(_) => error(
+                StatusCode::BAD_GATEWAY,
+                "backend connection closed before the request",
+            ),
+        };
+    }
+    error(StatusCode::SERVICE_UNAVAILABLE, "no endpoint reachable")
+}
+
+/// The backend's answer, naming the workload that answered and the identity its end of the
+/// tunnel proved (the tunnel opens only when the peer presents exactly this identity).
+fn answered(_shared: &Shared, mut resp: Response<Body>, ep: &Endpoint) -> Response<Body> {
+    proxy::name_backend(resp.headers_mut(), ep);
+    resp
+}
+
+fn ready(resp: Response<Body>) -> ResponseFuture {
+    Box::pin(std::future::ready(Ok(resp)))
+}

@@ -1,0 +1,241 @@
+//! The demo mesh end to end with curl as the client: Ingress semantics over HTTP/1.1, HTTP/2
+//! with prior knowledge and HTTPS with SNI; a manifest edit that changes routing within a
+//! second while an open connection keeps working; a node proxy restart; and identities the
+//! mesh refuses.
+//!
+//! One test function: the demo binds fixed loopback workload addresses, so its steps run in
+//! sequence.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use meshkit_gateway::BACKEND_WORKLOAD;
+use meshkit_demo::{DemoMesh, GATEWAY_ID, MeshOptions, write_samples};
+use meshkit_node_proxy::InboundPolicy;
+use meshkit_hbone::{Client, ClientConfig, Target};
+use meshkit_identity::TrustDomain;
+use meshkit_identity::test_util::TestCa;
+
+/// What curl saw.
+#[derive(Debug)]
+struct Seen {
+    status: u16,
+    workload: Option<String>,
+    http_version: String,
+}
+
+/// Runs curl with `args`, returning the status, the answering workload and the HTTP version.
+fn curl(args: &[&str]) -> Seen {
+    let out = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-D", "-", "--max-time", "10"])
+        .args(args)
+        .output()
+        .expect("curl is installed (CI installs it)");
+    let head = String::from_utf8_lossy(&out.stdout);
+    let mut lines = head.lines();
+    let status_line = lines.next().unwrap_or_default().to_owned();
+    let mut parts = status_line.split_whitespace();
+    let http_version = parts.next().unwrap_or_default().to_owned();
+    let status = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let headers: BTreeMap<String, String> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Seen {
+        status,
+        workload: headers.get(BACKEND_WORKLOAD).cloned(),
+        http_version,
+    }
+}
+
+fn http(addr: SocketAddr, host: &str, path: &str) -> Seen {
+    curl(&[
+        "-H",
+        &format!("Host: {host}"),
+        &format!("http://{addr}{path}"),
+    ])
+}
+
+fn workload(seen: &Seen) -> &str {
+    seen.workload.as_deref().unwrap_or("-")
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+/// Writes the shop-tls certificate (a self-signed demo CA for shop.example.com) for curl.
+fn shop_ca(mesh: &DemoMesh, dir: &Path) -> String {
+    let secret = mesh
+        .gateway_secret("shop-tls")
+        .expect("the gateway received the shop-tls Secret");
+    let path = dir.join("shop-ca.pem");
+    std::fs::write(&path, secret.cert_pem).unwrap();
+    path.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_mesh_end_to_end_with_curl() {
+    let dir = std::env::temp_dir().join(format!("meshkit-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write_samples(&dir).unwrap();
+    let mut mesh = DemoMesh::start(dir.clone(), MeshOptions::default(), |_| {})
+        .await
+        .expect("demo mesh starts");
+    let (http_addr, https_addr) = (mesh.http_addr, mesh.https_addr);
+
+    // --- Ingress semantics over HTTP/1.1.
+    for (host, path, expect) in [
+        ("shop.example.com", "/api/orders", "api-1"),
+        ("shop.example.com", "/healthz", "api-1"),
+        ("shop.example.com", "/apiary", "web"),
+        ("m.shop.example.com", "/x", "web"),
+        ("a.b.shop.example.com", "/", "fallback-1"),
+        ("blog.example.com", "/", "blog-1"),
+        ("nobody.example.net", "/", "fallback-1"),
+    ] {
+        let seen = blocking(move || http(http_addr, host, path)).await;
+        assert_eq!(seen.status, 200, "{host}{path}: {seen:?}");
+        assert!(
+            workload(&seen).starts_with(expect),
+            "{host}{path}: {seen:?}"
+        );
+        assert_eq!(seen.http_version, "HTTP/1.1");
+    }
+
+    // --- HTTP/2 with prior knowledge.
+    let seen = blocking(move || {
+        curl(&[
+            "--http2-prior-knowledge",
+            "-H",
+            "Host: blog.example.com",
+            &format!("http://{http_addr}/posts"),
+        ])
+    })
+    .await;
+    assert_eq!((seen.status, workload(&seen)), (200, "blog-1"), "{seen:?}");
+    assert_eq!(seen.http_version, "HTTP/2");
+
+    // --- HTTPS with SNI: the certificate of the shop-tls Secret, verified by curl.
+    let ca = shop_ca(&mesh, &dir);
+    let port = https_addr.port();
+    let seen = blocking(move || {
+        curl(&[
+            "--cacert",
+            &ca,
+            "--resolve",
+            &format!("shop.example.com:{port}:127.0.0.1"),
+            &format!("https://shop.example.com:{port}/api/cart"),
+        ])
+    })
+    .await;
+    assert_eq!((seen.status, workload(&seen)), (200, "api-1"), "{seen:?}");
+
+    // --- A manifest edit changes routing within a second; an open connection keeps working.
+    let sock = tokio::net::TcpStream::connect(http_addr).await.unwrap();
+    let (mut open, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(sock))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let get = |path: &str| {
+        hyper::Request::get(path)
+            .header("host", "blog.example.com")
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    let resp = open.send_request(get("/before")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+
+    let blog = dir.join("blog.yaml");
+    let edited = std::fs::read_to_string(&blog)
+        .unwrap()
+        .replace("host: blog.example.com", "host: news.example.com");
+    std::fs::write(&blog, edited).unwrap();
+    let edited_at = Instant::now();
+    let moved = loop {
+        let seen = blocking(move || http(http_addr, "news.example.com", "/")).await;
+        if seen.status == 200 && workload(&seen) == "blog-1" {
+            break edited_at.elapsed();
+        }
+        assert!(
+            edited_at.elapsed() < Duration::from_secs(5),
+            "edit never applied: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        moved < Duration::from_secs(1),
+        "routing changed after {moved:?}"
+    );
+    // The old host no longer has a rule: the default backend answers it now.
+    let seen = blocking(move || http(http_addr, "blog.example.com", "/")).await;
+    assert_eq!(workload(&seen), "fallback-1", "{seen:?}");
+    // The connection opened before the edit still works.
+    let resp = open.send_request(get("/after")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+
+    // --- A node proxy restart: its workloads fail while it is down and come back after.
+    mesh.stop_node("node-b");
+    let seen = blocking(move || http(http_addr, "news.example.com", "/")).await;
+    assert_eq!(seen.status, 503, "node-b is down: {seen:?}");
+    let seen = blocking(move || http(http_addr, "shop.example.com", "/api")).await;
+    assert_eq!(
+        (seen.status, workload(&seen)),
+        (200, "api-1"),
+        "node-a unaffected"
+    );
+    mesh.start_node("node-b").await.unwrap();
+    let restarted = Instant::now();
+    loop {
+        let seen = blocking(move || http(http_addr, "news.example.com", "/")).await;
+        if seen.status == 200 {
+            assert_eq!(workload(&seen), "blog-1");
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(5),
+            "node-b never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // --- Identities the mesh refuses.
+    // A node that stops admitting the gateway: its workloads are not reachable through it.
+    let gateway_id = GATEWAY_ID.parse().unwrap();
+    mesh.node_proxies["node-a"].set_policy(InboundPolicy::any().deny(gateway_id));
+    let seen = blocking(move || http(http_addr, "shop.example.com", "/api")).await;
+    assert_ne!(seen.status, 200, "a denied identity got through: {seen:?}");
+    mesh.node_proxies["node-a"].set_policy(InboundPolicy::any());
+    let seen = blocking(move || http(http_addr, "shop.example.com", "/api")).await;
+    assert_eq!(seen.status, 200, "{seen:?}");
+
+    // A workload certificate from another CA, even with a name of the mesh's trust domain,
+    // is refused in the TLS handshake at the node proxy.
+    let impostor_ca = TestCa::new(TrustDomain::new("cluster.local").unwrap());
+    let impostor = "spiffe://cluster.local/ns/shop/sa/web".parse().unwrap();
+    let client = Client::new(
+        ClientConfig::default(),
+        impostor_ca.issue(impostor),
+        impostor_ca.bundle_set(),
+    );
+    let target = Target::new(
+        "127.0.0.13:15008".parse().unwrap(),
+        "127.0.0.13:9090".parse().unwrap(),
+        "spiffe://cluster.local/ns/shop/sa/web".parse().unwrap(),
+        "spiffe://cluster.local/ns/shop/sa/api".parse().unwrap(),
+    );
+    assert!(
+        client.open(target).await.is_err(),
+        "an impostor got a tunnel"
+    );
+
+    drop(mesh);
+    let _ = std::fs::remove_dir_all(&dir);
+}

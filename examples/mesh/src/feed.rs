@@ -1,0 +1,150 @@
+//! The data plane's view of the mesh from xDS: workload API `Address` resources in, a
+//! [`MeshConfig`] on a `tokio::sync::watch` channel out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use meshkit_xds_client::{ClientConfig, Resource, WatchEvent, XdsClient};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::proto::address;
+use crate::resources::AddressResource;
+use crate::{MeshConfig, MeshService, ServicePort, Workload};
+
+/// Follows the workload API Addresses of the ADS server that `config` names (its URI, mode
+/// and node), as a node proxy's view of the mesh. Returns the view and the two spawned tasks
+/// (the xDS driver and the feed); aborting them ends the subscription.
+///
+/// Must be called inside a tokio runtime.
+pub fn mesh_over_xds(config: ClientConfig) -> (watch::Receiver<MeshConfig>, Vec<JoinHandle<()>>) {
+    let (client, driver) = spawn_client(config);
+    let (tx, rx) = watch::channel(MeshConfig::default());
+    (rx, vec![driver, tokio::spawn(feed_mesh(client, tx))])
+}
+
+/// An xDS client for `config` and the spawned task that drives it (it logs why it stopped).
+///
+/// Must be called inside a tokio runtime.
+pub fn spawn_client(config: ClientConfig) -> (XdsClient, JoinHandle<()>) {
+    let (client, driver) = XdsClient::new(config);
+    let driver = tokio::spawn(async move {
+        if let Err(e) = driver.run().await {
+            tracing::warn!(error = %e, "xDS client stopped");
+        }
+    });
+    (client, driver)
+}
+
+/// Keeps `tx` at the mesh described by the Address resources `client` receives. Returns when
+/// the client is gone.
+pub async fn feed_mesh(client: XdsClient, tx: watch::Sender<MeshConfig>) {
+    let mut addresses = client.watch_all::<AddressResource>();
+    let mut current: BTreeMap<String, AddressResource> = BTreeMap::new();
+    while let Some(event) = addresses.next().await {
+        if apply(&mut current, event) {
+            tx.send_replace(mesh_config(current.values()));
+        }
+    }
+}
+
+/// Applies one watch event to a name-keyed view of a resource type; whether the view changed.
+/// A rejected resource is logged and changes nothing (the last good version stays).
+pub fn apply<T: Resource + Clone>(view: &mut BTreeMap<String, T>, event: WatchEvent<T>) -> bool {
+    match event {
+        WatchEvent::Updated { name, resource, .. } => {
+            view.insert(name, T::clone(&resource));
+            true
+        }
+        WatchEvent::Removed { name, .. } => view.remove(&name).is_some(),
+        WatchEvent::Rejected { name, error } => {
+            tracing::warn!(?name, %error, "rejected xDS resource");
+            false
+        }
+        _ => false,
+    }
+}
+
+/// The data plane's view of the mesh from workload API Address resources: each workload with
+/// its first address, each service with its endpoints (the workloads that name it) and its
+/// target ports as the workloads declare them.
+pub fn mesh_config<'a>(addresses: impl Iterator<Item = &'a AddressResource>) -> MeshConfig {
+    let mut workloads = Vec::new();
+    let mut services = Vec::new();
+    let mut members: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
+    // Target ports as the workloads declare them (a WorkloadEntry may map a service port to
+    // a port of its own), by service key and service port.
+    let mut targets: BTreeMap<(String, u32), u32> = BTreeMap::new();
+    for resource in addresses {
+        match &resource.address.r#type {
+            Some(address::Type::Workload(w)) => {
+                let Some(ip) = w.addresses.first().and_then(|b| ip_from_bytes(b)) else {
+                    continue;
+                };
+                for (key, ports) in &w.services {
+                    members.entry(key.clone()).or_default().insert(ip);
+                    for p in &ports.ports {
+                        targets
+                            .entry((key.clone(), p.service_port))
+                            .or_insert(p.target_port);
+                    }
+                }
+                workloads.push(Workload {
+                    name: w.name.clone(),
+                    namespace: w.namespace.clone(),
+                    service_account: w.service_account.clone(),
+                    ip,
+                    node: w.node.clone(),
+                    ports: Vec::new(),
+                });
+            }
+            Some(address::Type::Service(s)) => {
+                services.push(MeshService {
+                    name: s.name.clone(),
+                    namespace: s.namespace.clone(),
+                    hostname: s.hostname.clone(),
+                    vip: s.addresses.first().and_then(|a| ip_from_bytes(&a.address)),
+                    ports: s
+                        .ports
+                        .iter()
+                        .filter_map(|p| {
+                            Some(ServicePort {
+                                name: None,
+                                port: u16::try_from(p.service_port).ok()?,
+                                target_port: u16::try_from(p.target_port).ok()?,
+                            })
+                        })
+                        .collect(),
+                    endpoints: Vec::new(),
+                });
+            }
+            None => {}
+        }
+    }
+    for service in &mut services {
+        let key = format!("{}/{}", service.namespace, service.hostname);
+        service.endpoints = members.get(&key).into_iter().flatten().copied().collect();
+        for port in &mut service.ports {
+            if let Some(target) = targets
+                .get(&(key.clone(), u32::from(port.port)))
+                .and_then(|t| u16::try_from(*t).ok())
+                .filter(|t| *t != 0)
+            {
+                port.target_port = target;
+            }
+        }
+    }
+    MeshConfig {
+        workloads,
+        services,
+    }
+}
+
+/// An IP address from the workload API's bytes (4 for IPv4, 16 for IPv6).
+pub fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => None,
+    }
+}

@@ -1,0 +1,47 @@
+//! The mesh model that meshkit's data plane reads: Istio's workload API, the xDS resource
+//! types built on it, and the index of workloads and services that the node proxy and the
+//! gateway look destinations up in.
+//!
+//! - [`proto`]: `istio.workload` (`Address`, `Workload`, `Service`, ...) generated from
+//!   `proto/workload.proto` with upstream package name and field numbers (prost-build and
+//!   protox, checked in; a test fails when it is stale).
+//! - [`resources`]: [`AddressResource`](resources::AddressResource) and the Ingress resource
+//!   types, as meshkit-xds-client [`Resource`](meshkit_xds_client::Resource)s.
+//! - [`MeshConfig`] and [`MeshIndex`]: the data plane's view (workloads, services, endpoints),
+//!   as JSON in a file ([`MeshConfig::load`]) or from xDS ([`feed`]).
+//!
+//! ```
+//! use meshkit_identity::TrustDomain;
+//! use meshkit_mesh::MeshConfig;
+//!
+//! let mesh: MeshConfig = serde_json::from_str(r#"{
+//!     "workloads": [{"name": "web-1", "namespace": "shop", "service_account": "web",
+//!                    "ip": "127.0.0.11", "node": "node-a"}]
+//! }"#)?;
+//! let index = mesh.index(&TrustDomain::new("cluster.local")?);
+//! let (workload, id) = index.workload("127.0.0.11".parse()?).expect("known workload");
+//! assert_eq!(workload.node, "node-a");
+//! assert_eq!(id.to_string(), "spiffe://cluster.local/ns/shop/sa/web");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Feature flags
+//!
+//! None.
+//!
+//! # Stability
+//!
+//! Pre-1.0: the API may change between minor versions. The generated types follow upstream's
+//! `.proto` and change when it does.
+
+pub mod feed;
+mod index;
+pub mod resources;
+
+/// Istio's workload API, `istio.workload`, generated from `proto/workload.proto`.
+#[allow(missing_docs, unreachable_pub, clippy::all)]
+pub mod proto {
+    include!("generated/istio.workload.rs");
+}
+
+pub use index::{Endpoint, MeshConfig, MeshFileError, MeshIndex, MeshService, ServicePort, Workload};

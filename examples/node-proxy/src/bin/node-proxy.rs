@@ -1,0 +1,161 @@
+//! `node-proxy`: ztunnel's job on loopback, from a static mesh file and an Istio-protocol CA.
+//!
+//! ```text
+//! node-proxy --node node-a --mesh mesh.json \
+//!     --ca http://127.0.0.1:15012 --ca-root root.pem --ca-token demo-token \
+//!     --outbound 127.0.0.11:8080=web.shop.svc.cluster.local:80
+//! ```
+//!
+//! The mesh file is the JSON form of `meshkit_mesh::MeshConfig` (workloads and services); it
+//! is re-read when it changes. Stops on SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use meshkit_mesh::MeshConfig;
+use meshkit_node_proxy::{InboundPolicy, NodeProxy, NodeProxyConfig, OutboundListener};
+use meshkit_xds_client::envoy::Node;
+use meshkit_xds_client::protocol::Mode;
+use meshkit_cli::{
+    CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
+};
+use meshkit_identity::istio::IstioCaClient;
+use meshkit_identity::{SvidCache, TrustDomain};
+use tokio::sync::watch;
+
+/// The proxies move bulk data through HTTP/2's 1 MiB frame buffers, which glibc's allocator
+/// hands back to the kernel on free and page-faults in again for the next frame; mimalloc
+/// keeps them (docs/hbone.md, Allocator). The binary chooses the allocator, never a library.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Node proxy: inbound HBONE per local workload, outbound listeners per service port.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// This node's name (workloads with this `node` are served inbound).
+    #[arg(long)]
+    node: String,
+    /// The mesh's trust domain.
+    #[arg(long, default_value = "cluster.local")]
+    trust_domain: String,
+    /// JSON file with the mesh's workloads and services; re-read when it changes.
+    #[arg(long, required_unless_present = "xds", conflicts_with = "xds")]
+    mesh: Option<PathBuf>,
+    /// The control plane's ADS URL (`http://HOST:PORT`): workloads over Delta xDS instead of
+    /// a mesh file.
+    #[arg(long)]
+    xds: Option<String>,
+    /// The cluster this node belongs to, sent to the control plane in the xDS node.
+    #[arg(long, default_value = "Kubernetes")]
+    cluster: String,
+    /// URL of the Istio-protocol CA (`IstioCertificateService`).
+    #[arg(long)]
+    ca: String,
+    /// PEM roots of the trust domain (the CA's root certificate).
+    #[arg(long)]
+    ca_root: PathBuf,
+    /// Bearer token sent to the CA.
+    #[arg(long)]
+    ca_token: Option<String>,
+    /// `LISTEN=HOST:PORT`: an outbound listener for port PORT of service HOST. Repeatable.
+    #[arg(long = "outbound", value_parser = parse_outbound)]
+    outbound: Vec<OutboundListener>,
+    /// Refuse tunnels from this SPIFFE ID (repeatable).
+    #[arg(long = "deny-id")]
+    deny_ids: Vec<String>,
+    /// Admit only these SPIFFE IDs (repeatable; default: the whole trust domain).
+    #[arg(long = "allow-id")]
+    allow_ids: Vec<String>,
+    /// The HBONE port on every workload address.
+    #[arg(long, default_value_t = meshkit_hbone::HBONE_PORT)]
+    hbone_port: u16,
+    /// Worker threads (1: everything on one thread).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+fn parse_outbound(s: &str) -> Result<OutboundListener, String> {
+    let (listen, target) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected LISTEN=HOST:PORT"))?;
+    let listen: SocketAddr = listen
+        .parse()
+        .map_err(|e| format!("listen address {listen:?}: {e}"))?;
+    let (host, port) = target
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{target:?}: expected HOST:PORT"))?;
+    let port = port.parse().map_err(|e| format!("port {port:?}: {e}"))?;
+    Ok(OutboundListener::new(listen, host, port))
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let args = Args::parse();
+    run_main("node-proxy", args.threads, run(args))
+}
+
+fn read_mesh(path: &std::path::Path) -> Result<MeshConfig, CliError> {
+    MeshConfig::load(path).map_err(|e| meshkit_cli::error_chain(&e).into())
+}
+
+async fn run(args: Args) -> Result<(), CliError> {
+    let td = TrustDomain::new(&args.trust_domain)
+        .map_err(|e| format!("--trust-domain {:?}: {e}", args.trust_domain))?;
+    let bundles = load_bundle(&args.ca_root, &td)?;
+    let channel = tonic::transport::Endpoint::from_shared(args.ca.clone())
+        .map_err(|e| format!("--ca {:?}: {e}", args.ca))?
+        .connect_lazy();
+    let mut ca = IstioCaClient::new(channel);
+    if let Some(token) = &args.ca_token {
+        ca = ca.with_bearer_token(token)?;
+    }
+    let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
+
+    let mut policy = InboundPolicy::any();
+    for id in &args.deny_ids {
+        policy = policy.deny(parse_id("--deny-id", id)?);
+    }
+    for id in &args.allow_ids {
+        policy = policy.allow(parse_id("--allow-id", id)?);
+    }
+    let mut config = NodeProxyConfig::new(args.node.clone(), td)
+        .with_policy(policy)
+        .with_hbone_port(args.hbone_port)
+        .with_client(meshkit_cli::hbone_client_config());
+    for rule in args.outbound {
+        config = config.with_outbound(rule);
+    }
+
+    let Some(mesh_file) = args.mesh.clone() else {
+        // Workloads from the control plane, over Delta ADS.
+        let ads = args.xds.clone().unwrap_or_default();
+        let node = Node {
+            id: args.node.clone(),
+            cluster: args.cluster.clone(),
+            ..Default::default()
+        };
+        let (mesh_rx, _feed) = meshkit_mesh::feed::mesh_over_xds(
+            meshkit_xds_client::ClientConfig::new(ads.clone(), Mode::Delta, node),
+        );
+        let proxy = NodeProxy::start(config, mesh_rx, certs, bundles).await?;
+        tracing::info!(node = %args.node, %ads, outbound = ?proxy.outbound_addrs(), "node proxy ready, workloads over xDS");
+        stop_signal().await;
+        tracing::info!("stopping");
+        proxy.shutdown();
+        return Ok(());
+    };
+    let (mesh_tx, mesh_rx) = watch::channel(read_mesh(&mesh_file)?);
+    let proxy = NodeProxy::start(config, mesh_rx, certs, bundles).await?;
+    tracing::info!(node = %args.node, outbound = ?proxy.outbound_addrs(), inbound = ?proxy.inbound_addrs(), "node proxy ready");
+
+    let reload = reload_every_second(&mesh_tx, "mesh file", || read_mesh(&mesh_file));
+    tokio::select! {
+        () = stop_signal() => tracing::info!("stopping"),
+        () = reload => {}
+    }
+    proxy.shutdown();
+    Ok(())
+}

@@ -1,0 +1,286 @@
+//! The node proxy: ztunnel's job on loopback.
+//!
+//! - **Configuration.** [`NodeProxyConfig`] holds what is fixed for a run (node name, trust
+//!   domain, ports, outbound listeners, policy); [`MeshConfig`] (workloads and services, from
+//!   meshkit-mesh) comes through a `tokio::sync::watch` channel, so the control plane's xDS
+//!   stream ([`meshkit_mesh::feed::mesh_over_xds`]) or a file can feed it.
+//! - **Certificates.** From an [`SvidCache`]: one SVID per identity of a local workload,
+//!   rotated in the background.
+//! - **Inbound.** One HBONE listener per local workload, on `WORKLOAD_IP:15008`, all sharing a
+//!   [`ByDestinationIp`] selector: the certificate served is
+//!   the one of the workload whose address the peer connected to, as ztunnel does with the
+//!   original destination of redirected traffic. Peers must belong to the trust domain and pass
+//!   the [`InboundPolicy`]; the CONNECT target must be that same local workload; otherwise 403.
+//!   Listeners follow the watch channel: new local workloads are served, removed ones stop.
+//! - **Outbound.** One plain-TCP listener per [`OutboundListener`]: the connection's source
+//!   address names the local workload (whose identity is presented), the listener names the
+//!   service; endpoints are tried round-robin, each over HBONE to `ENDPOINT_IP:15008`
+//!   expecting the endpoint workload's SPIFFE ID. See `docs/node-proxy.md` for why listeners
+//!   stand in for traffic redirection.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use meshkit_mesh::MeshConfig;
+//! use meshkit_node_proxy::{NodeProxy, NodeProxyConfig};
+//! use meshkit_identity::{RotationConfig, SvidCache, TrustDomain, test_util::TestCa};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let td = TrustDomain::new("cluster.local")?;
+//! let ca = Arc::new(TestCa::new(td.clone()));
+//! let certs = SvidCache::new(ca.clone(), RotationConfig::default());
+//! let (mesh_tx, mesh_rx) = tokio::sync::watch::channel(MeshConfig::default());
+//! let proxy = NodeProxy::start(NodeProxyConfig::new("node-a", td), mesh_rx, certs, ca.bundle_set()).await?;
+//! # drop((proxy, mesh_tx));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! - `cli` (default): the `node-proxy` binary and what only it needs (argument parsing,
+//!   logging, its allocator). Embedders turn it off with `default-features = false`.
+//! - `aws-lc-rs`: the binary with aws-lc-rs as its crypto provider.
+//!
+//! # Stability
+//!
+//! Pre-1.0: the API may change between minor versions.
+
+mod inbound;
+mod outbound;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use meshkit_hbone::{Client, ClientConfig, Forward, ServerConfig};
+use meshkit_identity::{ByDestinationIp, SpiffeId, SvidCache, TrustBundleSet, TrustDomain};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+pub use inbound::InboundPolicy;
+use meshkit_mesh::MeshConfig;
+pub use outbound::OutboundListener;
+
+use inbound::{Inbound, InboundState};
+
+/// What is fixed for a node proxy's run.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct NodeProxyConfig {
+    /// This node's name: workloads whose `node` is this name are served inbound.
+    pub node: String,
+    /// The mesh's trust domain: peers must belong to it; workload IDs are built in it.
+    pub trust_domain: TrustDomain,
+    /// The HBONE port, on every workload address. Default: 15008.
+    pub hbone_port: u16,
+    /// Outbound listeners. Default: none.
+    pub outbound: Vec<OutboundListener>,
+    /// Inbound authorization. Default: any identity of the trust domain.
+    pub policy: InboundPolicy,
+    /// HBONE client settings (outbound). Their TLS settings (crypto provider, ALPN) also build
+    /// the inbound listeners' TLS configs, so both directions use one provider. Default:
+    /// [`ClientConfig::default`] (ring); a program shares its own provider through
+    /// [`NodeProxyConfig::with_client`].
+    pub client: ClientConfig,
+    /// HBONE server settings (inbound).
+    pub server: ServerConfig,
+    /// How long to wait before retrying workloads that could not be served (CA down, address
+    /// taken). Default: 2 s.
+    pub retry_interval: Duration,
+}
+
+impl NodeProxyConfig {
+    /// A node proxy for node `node` of `trust_domain`, with the defaults.
+    pub fn new(node: impl Into<String>, trust_domain: TrustDomain) -> Self {
+        Self {
+            node: node.into(),
+            trust_domain,
+            hbone_port: meshkit_hbone::HBONE_PORT,
+            outbound: Vec::new(),
+            policy: InboundPolicy::default(),
+            client: ClientConfig::default(),
+            server: ServerConfig::default(),
+            retry_interval: Duration::from_secs(2),
+        }
+    }
+
+    /// Adds an outbound listener.
+    pub fn with_outbound(mut self, listener: OutboundListener) -> Self {
+        self.outbound.push(listener);
+        self
+    }
+
+    /// Sets the inbound policy.
+    pub fn with_policy(mut self, policy: InboundPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets the HBONE port (15008 by default; tests may use another).
+    pub fn with_hbone_port(mut self, port: u16) -> Self {
+        self.hbone_port = port;
+        self
+    }
+
+    /// Sets the HBONE client settings.
+    pub fn with_client(mut self, client: ClientConfig) -> Self {
+        self.client = client;
+        self
+    }
+}
+
+/// A running node proxy. Dropping it stops every listener and drops every tunnel.
+#[derive(Debug)]
+pub struct NodeProxy {
+    tasks: Vec<AbortOnDrop>,
+    outbound: Vec<SocketAddr>,
+    inbound: watch::Receiver<BTreeSet<SocketAddr>>,
+    policy: Arc<watch::Sender<InboundPolicy>>,
+    state: Arc<InboundState>,
+}
+
+/// Aborts a task when dropped, so that owning a handle means owning the task.
+#[derive(Debug)]
+struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+// === impl NodeProxy ===
+
+impl NodeProxy {
+    /// Starts the node proxy: binds the outbound listeners, serves inbound for the local
+    /// workloads of the current mesh (before returning), then follows `mesh`.
+    ///
+    /// # Errors
+    ///
+    /// When an outbound listener cannot be bound. Inbound listeners that cannot be served yet
+    /// (CA unavailable, address in use) are logged and retried.
+    pub async fn start(
+        config: NodeProxyConfig,
+        mut mesh: watch::Receiver<MeshConfig>,
+        certs: SvidCache,
+        bundles: impl Into<Arc<TrustBundleSet>>,
+    ) -> std::io::Result<Self> {
+        let bundles = bundles.into();
+        let td = config.trust_domain.clone();
+        let hbone_port = config.hbone_port;
+        let build = move |m: &MeshConfig| Arc::new(m.index(&td).with_hbone_port(hbone_port));
+        let (index_tx, index_rx) = watch::channel(build(&mesh.borrow_and_update()));
+
+        let client = Client::new(config.client.clone(), certs.clone(), bundles.clone());
+        let mut tasks = Vec::new();
+        let mut outbound = Vec::new();
+        for rule in &config.outbound {
+            let listener = TcpListener::bind(rule.listen).await.map_err(|e| {
+                std::io::Error::new(e.kind(), format!("outbound listener {}: {e}", rule.listen))
+            })?;
+            let addr = listener.local_addr()?;
+            tracing::info!(listen = %addr, service = %rule.service, port = rule.port, "outbound listener");
+            outbound.push(addr);
+            let task = tokio::spawn(outbound::serve(
+                listener,
+                rule.clone(),
+                config.node.clone(),
+                index_rx.clone(),
+                client.clone(),
+            ));
+            tasks.push(AbortOnDrop(task.abort_handle()));
+        }
+
+        let policy = Arc::new(watch::Sender::new(config.policy.clone()));
+        let (published, inbound_rx) = watch::channel(BTreeSet::new());
+        let state = Arc::new(InboundState {
+            node: config.node.clone(),
+            index: index_rx.clone(),
+            policy: policy.clone(),
+            forward: Forward::new().with_connect_timeout(Duration::from_secs(5)),
+            accepted: Mutex::default(),
+        });
+        let mut inbound = Inbound {
+            trust_domain: config.trust_domain.clone(),
+            port: config.hbone_port,
+            server: config.server.clone(),
+            tls: config.client.tls.clone(),
+            certs,
+            bundles,
+            selector: Arc::new(ByDestinationIp::new()),
+            state: state.clone(),
+            serving: HashMap::new(),
+            published,
+        };
+        let first = index_rx.borrow().clone();
+        let mut complete = inbound.reconcile(&first).await;
+        let retry = config.retry_interval;
+        let task = tokio::spawn(async move {
+            // When the configuration source goes away, keep serving the last mesh.
+            let mut source_open = true;
+            loop {
+                tokio::select! {
+                    changed = mesh.changed(), if source_open => {
+                        if changed.is_err() {
+                            source_open = false;
+                            continue;
+                        }
+                        let next = build(&mesh.borrow_and_update());
+                        index_tx.send_replace(next);
+                    }
+                    () = tokio::time::sleep(retry), if !complete => {}
+                    () = std::future::pending::<()>(), if !source_open && complete => {}
+                }
+                let index = index_tx.borrow().clone();
+                complete = inbound.reconcile(&index).await;
+            }
+        });
+        tasks.push(AbortOnDrop(task.abort_handle()));
+        Ok(Self {
+            tasks,
+            outbound,
+            inbound: inbound_rx,
+            policy,
+            state,
+        })
+    }
+
+    /// The bound addresses of the outbound listeners, in the order of
+    /// [`NodeProxyConfig::outbound`].
+    pub fn outbound_addrs(&self) -> &[SocketAddr] {
+        &self.outbound
+    }
+
+    /// The inbound HBONE addresses served now.
+    pub fn inbound_addrs(&self) -> BTreeSet<SocketAddr> {
+        self.inbound.borrow().clone()
+    }
+
+    /// A channel that follows [`NodeProxy::inbound_addrs`].
+    pub fn watch_inbound(&self) -> watch::Receiver<BTreeSet<SocketAddr>> {
+        self.inbound.clone()
+    }
+
+    /// Replaces the inbound policy. New CONNECTs are decided by it, and open inbound tunnels
+    /// whose peer it no longer admits are closed.
+    pub fn set_policy(&self, policy: InboundPolicy) {
+        self.policy.send_replace(policy);
+    }
+
+    /// Tunnels accepted so far, per verified peer identity and target address: which
+    /// identities this node admitted to which workloads.
+    pub fn accepted_tunnels(&self) -> BTreeMap<(SpiffeId, SocketAddr), u64> {
+        self.state
+            .accepted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Stops the node proxy (the same as dropping it).
+    pub fn shutdown(self) {
+        drop(self.tasks);
+    }
+}

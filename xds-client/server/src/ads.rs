@@ -1,0 +1,476 @@
+//! The ADS server: `envoy.service.discovery.v3.AggregatedDiscoveryService`, both
+//! `StreamAggregatedResources` (State of the World) and `DeltaAggregatedResources`, serving
+//! the current [`Snapshot`] of a [`SnapshotCache`].
+//!
+//! Each stream's protocol state is a plain struct ([`SotwStream`], [`DeltaStream`]) that takes
+//! requests and snapshots and returns the responses to send; the tonic service is a thin loop
+//! around it. The loop is the response stream itself (no task is spawned per stream): it
+//! reads the next request or snapshot only when tonic asks for the next response, so a client
+//! that does not read stalls only its own stream, and what it is sent when it reads again is
+//! computed from the newest snapshot rather than queued.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use futures::{Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status, Streaming};
+
+pub use crate::delta::DeltaStream;
+pub use crate::sotw::SotwStream;
+use crate::config::ServerConfig;
+use crate::error::RequestError;
+use crate::io::Io;
+use crate::observer::RequestObserver;
+use crate::snapshot::{Snapshot, SnapshotCache};
+
+/// The ADS service over a [`SnapshotCache`]: both protocol variants, every stream with its
+/// own subscriptions, only changes pushed. Add [`AdsServer::into_service`] to a tonic server,
+/// or use [`AdsServer::serve`] / [`AdsServer::serve_with_incoming`].
+///
+/// Clones share the open streams: [`inject_sotw`](Self::inject_sotw),
+/// [`inject_delta`](Self::inject_delta) and [`abort`](Self::abort) on any clone reach the
+/// streams of every clone. The `with_*` settings apply to the streams the configured value
+/// serves.
+#[derive(Clone)]
+pub struct AdsServer {
+    cache: SnapshotCache,
+    stop: Option<watch::Receiver<bool>>,
+    config: ServerConfig,
+    observer: Option<Arc<dyn RequestObserver>>,
+    hub: Arc<Hub>,
+}
+
+/// The open streams, for injection and abort.
+struct Hub {
+    next_id: AtomicU64,
+    sotw: Slots<DiscoveryResponse>,
+    delta: Slots<DeltaDiscoveryResponse>,
+    /// Set once by [`AdsServer::abort`]; every stream, open or later, ends with it.
+    abort: watch::Sender<Option<Status>>,
+}
+
+type Slots<R> = Mutex<HashMap<u64, mpsc::Sender<R>>>;
+
+/// One stream's loop: its protocol state and everything it waits on.
+struct Driver<V: Variant> {
+    state: V,
+    requests: Streaming<V::Request>,
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    stop: Option<watch::Receiver<bool>>,
+    abort: watch::Receiver<Option<Status>>,
+    injected: mpsc::Receiver<V::Response>,
+    observer: Option<Arc<dyn RequestObserver>>,
+    pending: VecDeque<V::Response>,
+    finished: bool,
+    _slot: SlotGuard<V>,
+}
+
+/// Removes a stream from the [`Hub`] when it ends.
+struct SlotGuard<V: Variant> {
+    hub: Arc<Hub>,
+    id: u64,
+    _variant: std::marker::PhantomData<fn() -> V>,
+}
+
+/// What the I/O loop needs of a protocol variant.
+trait Variant: Send + Sized + 'static {
+    type Request: Send + 'static;
+    type Response: Clone + Send + 'static;
+
+    fn new(config: &ServerConfig) -> Self;
+    fn observe(observer: &dyn RequestObserver, request: &Self::Request);
+    fn try_handle_request(&mut self, request: Self::Request) -> Result<(), RequestError>;
+    fn poll(&mut self, snapshot: &Snapshot) -> Vec<Self::Response>;
+    fn slots(hub: &Hub) -> &Slots<Self::Response>;
+}
+
+type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// How long to pause after an accept error that is not about one connection (such as running
+/// out of file descriptors), so the accept loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+// === impl AdsServer ===
+
+impl AdsServer {
+    /// Serves `cache`, with [`ServerConfig::default`].
+    pub fn new(cache: SnapshotCache) -> Self {
+        Self {
+            cache,
+            stop: None,
+            config: ServerConfig::default(),
+            observer: None,
+            hub: Arc::new(Hub {
+                next_id: AtomicU64::new(0),
+                sotw: Mutex::default(),
+                delta: Mutex::default(),
+                abort: watch::channel(None).0,
+            }),
+        }
+    }
+
+    /// Uses `config` for streams opened from now on, and for [`into_service`](Self::into_service)
+    /// and the `serve` methods.
+    pub fn with_config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Ends every open stream (with status OK) when `stop` turns true, so that a graceful
+    /// server shutdown does not wait for clients to hang up. Streams opened after that end at
+    /// once.
+    pub fn with_stop(mut self, stop: watch::Receiver<bool>) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
+    /// Calls `observer` with every request received (see [`RequestObserver`]). An `Arc` of an
+    /// observer is an observer too, so the caller can keep a handle on it.
+    pub fn with_observer(mut self, observer: impl RequestObserver) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Queues `response` as it is (nonce, version and all) on every open State-of-the-World
+    /// stream, for scripted or faulty responses in tests. It bypasses the streams' protocol
+    /// state: the snapshot-driven responses carry on as if it had not been sent. Returns how
+    /// many streams it was queued on; a stream whose queue is full
+    /// ([`ServerConfig::channel_depth`]) is skipped.
+    pub fn inject_sotw(&self, response: DiscoveryResponse) -> usize {
+        inject(&self.hub.sotw, response)
+    }
+
+    /// Queues `response` on every open Delta stream, as [`inject_sotw`](Self::inject_sotw)
+    /// does for State of the World.
+    pub fn inject_delta(&self, response: DeltaDiscoveryResponse) -> usize {
+        inject(&self.hub.delta, response)
+    }
+
+    /// Ends every stream, open now or opened later, with `status` (for example
+    /// `Status::unavailable(..)`, as a crashing server would), dropping responses not yet
+    /// sent. This is for a server that is going away: follow it with the shutdown of the
+    /// tonic server. The graceful alternative is [`with_stop`](Self::with_stop).
+    pub fn abort(&self, status: Status) {
+        self.hub.abort.send_replace(Some(status));
+    }
+
+    /// The number of open streams, both variants.
+    pub fn open_streams(&self) -> usize {
+        lock(&self.hub.sotw).len() + lock(&self.hub.delta).len()
+    }
+
+    /// The tonic service, with the message size limits of the [`ServerConfig`].
+    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<Self> {
+        let (decode, encode) = (
+            self.config.max_decoding_message_size,
+            self.config.max_encoding_message_size,
+        );
+        AggregatedDiscoveryServiceServer::new(self)
+            .max_decoding_message_size(decode)
+            .max_encoding_message_size(encode)
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then waits for open connections to
+    /// close (end streams first with [`with_stop`](Self::with_stop) or
+    /// [`abort`](Self::abort)). Accepted sockets get `TCP_NODELAY` per
+    /// [`ServerConfig::tcp_nodelay`]; HTTP/2 keepalive is per [`ServerConfig::keepalive`].
+    ///
+    /// # Errors
+    ///
+    /// When the tonic server fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future closes the listener; connections already accepted run on their
+    /// own tasks until they end.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        let nodelay = self.config.tcp_nodelay;
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).then(
+            move |accepted| async move {
+                match accepted {
+                    Ok(tcp) => {
+                        if let Err(e) = tcp.set_nodelay(nodelay) {
+                            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                        }
+                        Ok(tcp)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ADS accept failed");
+                        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                        Err(e)
+                    }
+                }
+            },
+        );
+        self.serve_with_incoming(incoming, shutdown).await
+    }
+
+    /// Serves the connections of `incoming` until `shutdown` completes, as
+    /// [`serve`](Self::serve) does: for a TLS acceptor of your own, a Unix socket, or an
+    /// in-memory transport. An `Err` item is logged and skipped.
+    ///
+    /// ```no_run
+    /// # async fn demo(tls: tokio_rustls::TlsAcceptor) -> Result<(), tonic::transport::Error> {
+    /// use futures::StreamExt;
+    /// use meshkit_xds_server::{AdsServer, SnapshotCache};
+    ///
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:15010").await.unwrap();
+    /// let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).filter_map(
+    ///     move |tcp| {
+    ///         let tls = tls.clone();
+    ///         // Failed handshakes are dropped; a slow one holds up the next accept, so a
+    ///         // production server would hand handshakes to tasks.
+    ///         async move { Some(Ok::<_, std::io::Error>(tls.accept(tcp.ok()?).await.ok()?)) }
+    ///     },
+    /// );
+    /// AdsServer::new(SnapshotCache::default())
+    ///     .serve_with_incoming(Box::pin(incoming), std::future::pending())
+    ///     .await
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When the tonic server fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`serve`](Self::serve): dropping the future drops `incoming`.
+    pub async fn serve_with_incoming<I, IO, IE>(
+        self,
+        incoming: I,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error>
+    where
+        I: Stream<Item = Result<IO, IE>> + Send,
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let incoming = incoming.map(|io| io.map(Io));
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(self.config.keepalive_interval)
+            .http2_keepalive_timeout(Some(self.config.keepalive_timeout))
+            .add_service(self.into_service())
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+    }
+
+    /// A new stream's loop, registered in the hub for injection.
+    fn open<V: Variant>(&self, requests: Streaming<V::Request>) -> Out<V::Response> {
+        let (tx, injected) = mpsc::channel(self.config.channel_depth.max(1));
+        let id = self.hub.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(V::slots(&self.hub)).insert(id, tx);
+        let driver = Driver {
+            state: V::new(&self.config),
+            requests,
+            snapshots: self.cache.subscribe(),
+            stop: self.stop.clone(),
+            abort: self.hub.abort.subscribe(),
+            injected,
+            observer: self.observer.clone(),
+            pending: VecDeque::new(),
+            finished: false,
+            _slot: SlotGuard {
+                hub: Arc::clone(&self.hub),
+                id,
+                _variant: std::marker::PhantomData,
+            },
+        };
+        Box::pin(futures::stream::unfold(driver, |mut d| async move {
+            let item = d.next().await?;
+            Some((item, d))
+        }))
+    }
+}
+
+impl fmt::Debug for AdsServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdsServer")
+            .field("config", &self.config)
+            .field("stop", &self.stop.is_some())
+            .field("observer", &self.observer.is_some())
+            .field("open_streams", &self.open_streams())
+            .finish_non_exhaustive()
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for AdsServer {
+    type StreamAggregatedResourcesStream = Out<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = Out<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.open::<SotwStream>(request.into_inner())))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.open::<DeltaStream>(request.into_inner())))
+    }
+}
+
+fn inject<R: Clone>(slots: &Slots<R>, response: R) -> usize {
+    let slots = lock(slots);
+    let mut queued = 0;
+    for tx in slots.values() {
+        match tx.try_send(response.clone()) {
+            Ok(()) => queued += 1,
+            Err(_) => tracing::warn!("injected response dropped: the stream's queue is full"),
+        }
+    }
+    queued
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// === impl Driver ===
+
+impl<V: Variant> Driver<V> {
+    /// The next item of the response stream; `None` ends it with status OK.
+    async fn next(&mut self) -> Option<Result<V::Response, Status>> {
+        if self.finished {
+            return None;
+        }
+        loop {
+            // An abort wins over anything queued, as a crash would.
+            if let Some(status) = self.abort.borrow_and_update().clone() {
+                self.finished = true;
+                return Some(Err(status));
+            }
+            if let Some(response) = self.pending.pop_front() {
+                return Some(Ok(response));
+            }
+            tokio::select! {
+                biased;
+                changed = self.abort.changed() => {
+                    if changed.is_err() {
+                        // The hub is gone, so is the server.
+                        self.finished = true;
+                        return None;
+                    }
+                }
+                () = stopped(&mut self.stop) => {
+                    self.finished = true;
+                    return None;
+                }
+                Some(response) = self.injected.recv() => return Some(Ok(response)),
+                msg = self.requests.message() => match msg {
+                    Ok(Some(req)) => {
+                        if let Some(observer) = &self.observer {
+                            V::observe(&**observer, &req);
+                        }
+                        if let Err(e) = self.state.try_handle_request(req) {
+                            tracing::warn!(error = %e, "ADS stream refused");
+                            self.finished = true;
+                            return Some(Err(e.into()));
+                        }
+                        let snapshot = self.snapshots.borrow_and_update().clone();
+                        self.pending.extend(self.state.poll(&snapshot));
+                    }
+                    Ok(None) => {
+                        self.finished = true;
+                        return None;
+                    }
+                    Err(status) => {
+                        tracing::debug!(%status, "ADS stream ended");
+                        self.finished = true;
+                        return Some(Err(status));
+                    }
+                },
+                changed = self.snapshots.changed() => {
+                    if changed.is_err() {
+                        self.finished = true;
+                        return None;
+                    }
+                    let snapshot = self.snapshots.borrow_and_update().clone();
+                    self.pending.extend(self.state.poll(&snapshot));
+                }
+            }
+        }
+    }
+}
+
+/// Completes when `stop` turns true; never without one.
+async fn stopped(stop: &mut Option<watch::Receiver<bool>>) {
+    match stop {
+        Some(rx) => {
+            if rx.wait_for(|s| *s).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+impl<V: Variant> Drop for SlotGuard<V> {
+    fn drop(&mut self) {
+        lock(V::slots(&self.hub)).remove(&self.id);
+    }
+}
+
+// === impl Variant ===
+
+impl Variant for SotwStream {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+
+    fn new(config: &ServerConfig) -> Self {
+        SotwStream::new(config)
+    }
+    fn observe(observer: &dyn RequestObserver, request: &DiscoveryRequest) {
+        observer.on_sotw_request(request);
+    }
+    fn try_handle_request(&mut self, request: DiscoveryRequest) -> Result<(), RequestError> {
+        SotwStream::try_handle_request(self, request)
+    }
+    fn poll(&mut self, snapshot: &Snapshot) -> Vec<DiscoveryResponse> {
+        SotwStream::poll(self, snapshot)
+    }
+    fn slots(hub: &Hub) -> &Slots<DiscoveryResponse> {
+        &hub.sotw
+    }
+}
+
+impl Variant for DeltaStream {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+
+    fn new(config: &ServerConfig) -> Self {
+        DeltaStream::new(config)
+    }
+    fn observe(observer: &dyn RequestObserver, request: &DeltaDiscoveryRequest) {
+        observer.on_delta_request(request);
+    }
+    fn try_handle_request(&mut self, request: DeltaDiscoveryRequest) -> Result<(), RequestError> {
+        DeltaStream::try_handle_request(self, request)
+    }
+    fn poll(&mut self, snapshot: &Snapshot) -> Vec<DeltaDiscoveryResponse> {
+        DeltaStream::poll(self, snapshot)
+    }
+    fn slots(hub: &Hub) -> &Slots<DeltaDiscoveryResponse> {
+        &hub.delta
+    }
+}

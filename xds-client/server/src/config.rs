@@ -1,0 +1,92 @@
+//! Bounds and transport settings of an [`AdsServer`](crate::AdsServer).
+
+use std::time::Duration;
+
+/// Limits and transport settings of an [`AdsServer`](crate::AdsServer). Every setting has a
+/// default (listed on its method) suitable for a control plane of a few thousand resources.
+///
+/// ```
+/// use meshkit_xds_server::ServerConfig;
+///
+/// let config = ServerConfig::default()
+///     .max_decoding_message_size(16 * 1024 * 1024)
+///     .max_types_per_stream(8);
+/// # let _ = config;
+/// ```
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub(crate) max_decoding_message_size: usize,
+    pub(crate) max_encoding_message_size: usize,
+    pub(crate) max_types_per_stream: usize,
+    pub(crate) channel_depth: usize,
+    pub(crate) keepalive_interval: Option<Duration>,
+    pub(crate) keepalive_timeout: Duration,
+    pub(crate) tcp_nodelay: bool,
+}
+
+// === impl ServerConfig ===
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_decoding_message_size: 4 * 1024 * 1024,
+            max_encoding_message_size: usize::MAX,
+            max_types_per_stream: 64,
+            channel_depth: 16,
+            keepalive_interval: Some(Duration::from_secs(10)),
+            keepalive_timeout: Duration::from_secs(20),
+            tcp_nodelay: true,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The largest request accepted, in bytes; a larger one ends its stream with
+    /// `OUT_OF_RANGE`. Default 4 MiB (gRPC's default). A Delta client that reconnects sends
+    /// the version of every resource it holds in one request (about 40 bytes per resource
+    /// plus its name), so raise this for clients holding tens of thousands of resources.
+    pub fn max_decoding_message_size(mut self, bytes: usize) -> Self {
+        self.max_decoding_message_size = bytes;
+        self
+    }
+
+    /// The largest response sent, in bytes. Default unlimited: a State-of-the-World response
+    /// carries every subscribed resource of its type, and clients bound what they accept.
+    pub fn max_encoding_message_size(mut self, bytes: usize) -> Self {
+        self.max_encoding_message_size = bytes;
+        self
+    }
+
+    /// How many type URLs one stream may subscribe to; a request for one more ends the stream
+    /// with `RESOURCE_EXHAUSTED`. Default 64 (Istio ambient and Envoy use fewer than 10).
+    pub fn max_types_per_stream(mut self, types: usize) -> Self {
+        self.max_types_per_stream = types;
+        self
+    }
+
+    /// How many injected responses ([`AdsServer::inject_sotw`](crate::AdsServer::inject_sotw),
+    /// [`inject_delta`](crate::AdsServer::inject_delta)) may wait on one stream; beyond that
+    /// an injection skips the stream. Default 16, at least 1. Snapshot pushes are not queued:
+    /// they are computed when the stream can send, from the newest snapshot.
+    pub fn channel_depth(mut self, depth: usize) -> Self {
+        self.channel_depth = depth.max(1);
+        self
+    }
+
+    /// HTTP/2 keepalive: a PING every `interval` (`None`: none), the connection closed when
+    /// one is not answered within `timeout`. Default every 10 s, 20 s timeout, so a client
+    /// that vanished without closing its connection is noticed and its streams end.
+    pub fn keepalive(mut self, interval: Option<Duration>, timeout: Duration) -> Self {
+        self.keepalive_interval = interval;
+        self.keepalive_timeout = timeout;
+        self
+    }
+
+    /// `TCP_NODELAY` on connections accepted by [`AdsServer::serve`](crate::AdsServer::serve).
+    /// Default on: Nagle's algorithm with delayed ACKs adds tens of milliseconds to small
+    /// responses.
+    pub fn tcp_nodelay(mut self, enabled: bool) -> Self {
+        self.tcp_nodelay = enabled;
+        self
+    }
+}

@@ -1,0 +1,359 @@
+//! Delta (incremental) protocol state of one stream, without I/O.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as Wrapped,
+};
+
+use crate::config::ServerConfig;
+use crate::error::RequestError;
+use crate::snapshot::Snapshot;
+
+/// Delta protocol state of one stream: requests and snapshots in, responses out.
+///
+/// Only resources whose version differs from what the client holds are sent, with the names
+/// that were removed. The first request for a type the snapshot has is always answered
+/// (empty if need be) so the client does not wait; explicitly subscribed names that do not
+/// exist are reported in `removed_resources`, once per subscription. A type the snapshot
+/// does not have gets no answer at all. An ACK or a NACK alone sends nothing.
+///
+/// Subscriptions follow the xDS rules: `resource_names_subscribe` and
+/// `resource_names_unsubscribe` change the set, `*` is the wildcard, a type whose requests
+/// have never subscribed to a name is a (legacy) wildcard subscription, and the
+/// `initial_resource_versions` of a type's first request say what the client already holds
+/// (a resumed stream is sent only what changed meanwhile).
+///
+/// ```
+/// use meshkit_xds_server::{DeltaStream, SnapshotBuilder};
+/// use meshkit_xds_server::envoy::DeltaDiscoveryRequest;
+/// use meshkit_xds_server::envoy_types::pb::google::protobuf::Any;
+///
+/// const URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// let mut b = SnapshotBuilder::new();
+/// b.add(URL, "a", &Any::default());
+/// let snapshot = b.build();
+///
+/// let mut stream = DeltaStream::default();
+/// stream.handle_request(DeltaDiscoveryRequest {
+///     type_url: URL.into(),
+///     resource_names_subscribe: vec!["a".into(), "missing".into()],
+///     ..Default::default()
+/// });
+/// let out = stream.poll(&snapshot);
+/// assert_eq!(out[0].resources[0].name, "a");
+/// assert_eq!(out[0].removed_resources, ["missing"]);
+/// assert!(stream.poll(&snapshot).is_empty(), "each thing is said once");
+/// ```
+#[derive(Debug)]
+pub struct DeltaStream {
+    node: String,
+    types: BTreeMap<String, DeltaType>,
+    nonce: u64,
+    max_types: usize,
+}
+
+#[derive(Debug, Default)]
+struct DeltaType {
+    /// No request has subscribed to a name yet: the legacy wildcard.
+    legacy: bool,
+    /// Subscribed to `*`.
+    wildcard: bool,
+    names: BTreeSet<String>,
+    /// Name to the version the client holds.
+    known: HashMap<String, String>,
+    /// Explicitly subscribed names already reported as not existing.
+    reported_missing: BTreeSet<String>,
+    /// Answer even when there is nothing to send (first request).
+    must_answer: bool,
+    /// The subscription changed since the type was last looked at.
+    dirty: bool,
+    /// Content hash of the type snapshot last looked at, to skip unchanged types.
+    seen: Option<String>,
+}
+
+// === impl DeltaStream ===
+
+impl Default for DeltaStream {
+    fn default() -> Self {
+        Self::new(&ServerConfig::default())
+    }
+}
+
+impl DeltaStream {
+    /// A stream with the limits of `config`.
+    pub fn new(config: &ServerConfig) -> Self {
+        Self {
+            node: String::new(),
+            types: BTreeMap::new(),
+            nonce: 0,
+            max_types: config.max_types_per_stream,
+        }
+    }
+
+    /// Takes one request: records the node, logs ACK/NACK, updates the subscription. A request
+    /// [`try_handle_request`](Self::try_handle_request) refuses is logged and ignored.
+    pub fn handle_request(&mut self, req: DeltaDiscoveryRequest) {
+        if let Err(e) = self.try_handle_request(req) {
+            tracing::warn!(node = %self.node, error = %e, "Delta request ignored");
+        }
+    }
+
+    /// Takes one request, as [`handle_request`](Self::handle_request) does.
+    ///
+    /// # Errors
+    ///
+    /// The request has no type URL, or is for a new type beyond the stream's limit; the
+    /// stream's state is unchanged (the node is still recorded). The server ends the stream
+    /// with the error's status.
+    pub fn try_handle_request(&mut self, req: DeltaDiscoveryRequest) -> Result<(), RequestError> {
+        if let Some(node) = &req.node
+            && self.node.is_empty()
+        {
+            self.node = node.id.clone();
+            tracing::info!(node = %self.node, "Delta ADS stream opened");
+        }
+        if let Some(error) = &req.error_detail {
+            tracing::warn!(
+                node = %self.node, type_url = %req.type_url, nonce = %req.response_nonce,
+                error = %error.message, "NACK: client rejected configuration"
+            );
+        } else if !req.response_nonce.is_empty() {
+            tracing::debug!(node = %self.node, type_url = %req.type_url, nonce = %req.response_nonce, "ACK");
+        }
+        if req.type_url.is_empty() {
+            return Err(RequestError::MissingTypeUrl);
+        }
+        let first = !self.types.contains_key(&req.type_url);
+        if first && self.types.len() >= self.max_types {
+            return Err(RequestError::TooManyTypes {
+                type_url: req.type_url,
+                limit: self.max_types,
+            });
+        }
+        let sub = self.types.entry(req.type_url).or_default();
+        if first {
+            sub.legacy = true;
+            sub.must_answer = true;
+            sub.dirty = true;
+        }
+        for name in req.resource_names_subscribe {
+            sub.legacy = false;
+            sub.dirty = true;
+            if name == "*" {
+                sub.wildcard = true;
+            } else {
+                // Asked again: say again whether it exists.
+                sub.reported_missing.remove(&name);
+                sub.names.insert(name);
+            }
+        }
+        for name in &req.resource_names_unsubscribe {
+            sub.dirty = true;
+            if name == "*" {
+                sub.wildcard = false;
+                sub.legacy = false;
+            } else {
+                sub.names.remove(name);
+                sub.reported_missing.remove(name);
+            }
+        }
+        if first {
+            sub.known = req.initial_resource_versions;
+        }
+        // What the client holds outside its subscription is its own business (it drops it).
+        if sub.dirty && !(sub.legacy || sub.wildcard) {
+            let names = &sub.names;
+            sub.known.retain(|n, _| names.contains(n));
+        }
+        Ok(())
+    }
+
+    /// The responses due for `snapshot`: per type, the changed and the removed resources.
+    pub fn poll(&mut self, snapshot: &Snapshot) -> Vec<DeltaDiscoveryResponse> {
+        let mut out = Vec::new();
+        for (url, sub) in &mut self.types {
+            let Some(ts) = snapshot.get_type(url) else {
+                continue;
+            };
+            if !sub.dirty && sub.seen.as_deref() == Some(ts.content()) {
+                continue;
+            }
+            sub.dirty = false;
+            sub.seen = Some(ts.content().to_owned());
+            let all = sub.legacy || sub.wildcard;
+            let mut resources = Vec::new();
+            let mut send = |name: &String, r: &crate::VersionedResource| {
+                if sub.known.get(name) != Some(&r.version) {
+                    sub.known.insert(name.clone(), r.version.clone());
+                    resources.push(Wrapped {
+                        name: name.clone(),
+                        version: r.version.clone(),
+                        resource: Some(r.resource.clone()),
+                        ..Default::default()
+                    });
+                }
+            };
+            if all {
+                for (name, r) in ts.resources() {
+                    send(name, r);
+                }
+            } else {
+                for (name, r) in sub.names.iter().filter_map(|n| ts.resources().get_key_value(n))
+                {
+                    send(name, r);
+                }
+            }
+            for r in &resources {
+                sub.reported_missing.remove(&r.name);
+            }
+            let mut removed: Vec<String> = sub
+                .known
+                .keys()
+                .filter(|n| !ts.resources().contains_key(*n))
+                .cloned()
+                .collect();
+            removed.sort_unstable();
+            for name in &removed {
+                sub.known.remove(name);
+                if sub.names.contains(name) {
+                    sub.reported_missing.insert(name.clone());
+                }
+            }
+            for name in &sub.names {
+                if !ts.resources().contains_key(name) && sub.reported_missing.insert(name.clone()) {
+                    removed.push(name.clone());
+                }
+            }
+            if resources.is_empty() && removed.is_empty() && !sub.must_answer {
+                continue;
+            }
+            sub.must_answer = false;
+            self.nonce += 1;
+            out.push(DeltaDiscoveryResponse {
+                system_version_info: ts.version().to_owned(),
+                resources,
+                type_url: url.clone(),
+                removed_resources: removed,
+                nonce: self.nonce.to_string(),
+                ..Default::default()
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::google::protobuf::Any;
+
+    use super::*;
+    use crate::snapshot::SnapshotBuilder;
+
+    const A: &str = "type.googleapis.com/test.A";
+    const B: &str = "type.googleapis.com/test.B";
+
+    /// A snapshot of raw resources: `(type, name, bytes)`.
+    fn snapshot(resources: &[(&str, &str, &[u8])]) -> Snapshot {
+        let mut b = SnapshotBuilder::new();
+        b.declare(A).declare(B);
+        for (url, name, bytes) in resources {
+            b.add(
+                url,
+                name,
+                &Any {
+                    type_url: "x".into(),
+                    value: bytes.to_vec(),
+                },
+            );
+        }
+        b.build()
+    }
+
+    fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
+        r.resources.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    #[test]
+    fn delta_sends_only_differences() {
+        let s1 = snapshot(&[(A, "a1", b"1"), (A, "a2", b"2")]);
+        let mut st = DeltaStream::default();
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            ..Default::default()
+        });
+        let out = st.poll(&s1);
+        assert_eq!(names(&out[0]), ["a1", "a2"]);
+        assert!(st.poll(&s1).is_empty());
+
+        let s2 = snapshot(&[(A, "a1", b"1"), (A, "a3", b"3")]);
+        let out = st.poll(&s2);
+        assert_eq!(names(&out[0]), ["a3"]);
+        assert_eq!(out[0].removed_resources, ["a2"]);
+    }
+
+    #[test]
+    fn delta_resumes_from_initial_versions() {
+        let s1 = snapshot(&[(A, "a1", b"1"), (A, "a2", b"2")]);
+        let v1 = s1
+            .get(A, "a1")
+            .map(|r| r.version.clone())
+            .unwrap_or_default();
+        let mut st = DeltaStream::default();
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            resource_names_subscribe: vec!["*".into()],
+            initial_resource_versions: [("a1".to_owned(), v1), ("gone".to_owned(), "x".to_owned())]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        });
+        let out = st.poll(&s1);
+        assert_eq!(names(&out[0]), ["a2"], "a1 is up to date");
+        assert_eq!(out[0].removed_resources, ["gone"]);
+    }
+
+    #[test]
+    fn delta_reports_missing_names_once_and_honours_unsubscribe() {
+        let s1 = snapshot(&[(B, "b1", b"1")]);
+        let mut st = DeltaStream::default();
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: B.into(),
+            resource_names_subscribe: vec!["b1".into(), "nope".into()],
+            ..Default::default()
+        });
+        let out = st.poll(&s1);
+        assert_eq!(names(&out[0]), ["b1"]);
+        assert_eq!(out[0].removed_resources, ["nope"]);
+        assert!(st.poll(&s1).is_empty());
+        // It appears later: sent.
+        let s2 = snapshot(&[(B, "b1", b"1"), (B, "nope", b"now")]);
+        assert_eq!(names(&st.poll(&s2)[0]), ["nope"]);
+        // Unsubscribed: changes are no longer sent, and no removal either.
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: B.into(),
+            resource_names_unsubscribe: vec!["b1".into()],
+            ..Default::default()
+        });
+        let s3 = snapshot(&[(B, "b1", b"changed"), (B, "nope", b"now")]);
+        assert!(st.poll(&s3).is_empty());
+    }
+
+    #[test]
+    fn acks_do_not_rescan_unchanged_types() {
+        let s1 = snapshot(&[(A, "a1", b"1")]);
+        let mut st = DeltaStream::default();
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            ..Default::default()
+        });
+        assert_eq!(st.poll(&s1).len(), 1);
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            response_nonce: "1".into(),
+            ..Default::default()
+        });
+        assert!(!st.types[A].dirty);
+        assert!(st.poll(&s1).is_empty());
+    }
+}

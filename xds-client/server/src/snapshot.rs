@@ -1,0 +1,342 @@
+//! Snapshots of everything served over ADS, and the cache that publishes them.
+//!
+//! A [`Snapshot`] holds, per type URL, named resources as `google.protobuf.Any`. Each
+//! resource's version is a hash of its bytes. A type's version is, by default, a hash of its
+//! names and resource versions, so re-reading unchanged input yields equal versions and the
+//! server pushes nothing; [`SnapshotBuilder::version`] or [`TypeSnapshot::with_version`] set
+//! it explicitly instead (a State-of-the-World push then also happens when only that version
+//! changes).
+//!
+//! Hashes are the first 64 bits of SHA-256, in hex: stable across processes and builds, so a
+//! Delta client resuming against a restarted server is not sent what it already holds.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use envoy_types::pb::google::protobuf::Any;
+use prost::Message;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+/// The resources of one type, by name, with their versions. The default is an empty type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TypeSnapshot {
+    version: String,
+    /// Hash of the names and resource versions, whatever `version` is.
+    content: String,
+    /// `version` was set by the caller rather than computed.
+    explicit: bool,
+    resources: BTreeMap<String, VersionedResource>,
+}
+
+/// A resource and its content version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VersionedResource {
+    /// Hash of the encoded resource.
+    pub version: String,
+    /// The resource.
+    pub resource: Any,
+}
+
+/// Every resource served, per type URL. Build one with [`SnapshotBuilder`], or from
+/// [`TypeSnapshot`]s with [`Snapshot::with_type`].
+///
+/// A type that is not in the snapshot is not served: requests for it get no answer at all,
+/// in both protocol variants. Declare a type ([`SnapshotBuilder::declare`]) to serve it
+/// empty.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    types: BTreeMap<String, TypeSnapshot>,
+}
+
+/// Collects resources into a [`Snapshot`].
+#[derive(Debug, Default)]
+pub struct SnapshotBuilder {
+    types: BTreeMap<String, BTreeMap<String, Any>>,
+    versions: BTreeMap<String, String>,
+}
+
+/// Publishes the current [`Snapshot`] to every ADS stream. Cloning gives another handle on the
+/// same cache.
+#[derive(Debug, Clone)]
+pub struct SnapshotCache {
+    tx: Arc<watch::Sender<Arc<Snapshot>>>,
+}
+
+// === impl SnapshotBuilder ===
+
+impl SnapshotBuilder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Declares a type as served even when it has no resources, so that subscribers to it get
+    /// an (empty) answer.
+    pub fn declare(&mut self, type_url: &str) -> &mut Self {
+        self.types.entry(type_url.to_owned()).or_default();
+        self
+    }
+
+    /// Adds `message` under `name`, encoded as an `Any` of `type_url`. A second resource of the
+    /// same type and name replaces the first.
+    pub fn add<M: Message>(&mut self, type_url: &str, name: &str, message: &M) -> &mut Self {
+        let any = Any {
+            type_url: type_url.to_owned(),
+            value: message.encode_to_vec(),
+        };
+        self.add_any(type_url, name, any)
+    }
+
+    /// Adds an already encoded resource under `name` of type `type_url`, as it is: the `Any`'s
+    /// own type URL is not checked (tests use this to serve invalid resources).
+    pub fn add_any(&mut self, type_url: &str, name: &str, resource: Any) -> &mut Self {
+        self.types
+            .entry(type_url.to_owned())
+            .or_default()
+            .insert(name.to_owned(), resource);
+        self
+    }
+
+    /// Sets the version of a type (and declares it) instead of the content hash. State of the
+    /// World subscribers are then pushed the type whenever this version changes, even when
+    /// their resources did not; Delta subscribers still get only changed resources.
+    pub fn version(&mut self, type_url: &str, version: &str) -> &mut Self {
+        self.declare(type_url);
+        self.versions.insert(type_url.to_owned(), version.to_owned());
+        self
+    }
+
+    /// The snapshot, with versions computed.
+    pub fn build(self) -> Snapshot {
+        let mut versions = self.versions;
+        let types = self
+            .types
+            .into_iter()
+            .map(|(url, resources)| {
+                let ts = TypeSnapshot::new(resources);
+                let ts = match versions.remove(&url) {
+                    Some(v) => ts.with_version(v),
+                    None => ts,
+                };
+                (url, ts)
+            })
+            .collect();
+        Snapshot { types }
+    }
+}
+
+// === impl Snapshot ===
+
+impl Snapshot {
+    /// An empty snapshot: no type is served.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// This snapshot with `type_url` served as `resources`, replacing what it had of that type.
+    pub fn with_type(mut self, type_url: &str, resources: TypeSnapshot) -> Self {
+        self.types.insert(type_url.to_owned(), resources);
+        self
+    }
+
+    /// The served type URLs.
+    pub fn type_urls(&self) -> impl Iterator<Item = &str> {
+        self.types.keys().map(String::as_str)
+    }
+
+    /// The resources of one type, or `None` when the type is not served.
+    pub fn get_type(&self, type_url: &str) -> Option<&TypeSnapshot> {
+        self.types.get(type_url)
+    }
+
+    /// The version of one type.
+    pub fn version(&self, type_url: &str) -> Option<&str> {
+        self.types.get(type_url).map(|t| t.version.as_str())
+    }
+
+    /// One resource.
+    pub fn get(&self, type_url: &str, name: &str) -> Option<&VersionedResource> {
+        self.types.get(type_url)?.resources.get(name)
+    }
+
+    /// Names of the resources of one type, in order.
+    pub fn names(&self, type_url: &str) -> Vec<String> {
+        self.types
+            .get(type_url)
+            .map(|t| t.resources.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+// === impl TypeSnapshot ===
+
+impl TypeSnapshot {
+    /// Resources by name (a later duplicate name replaces an earlier one), each versioned by
+    /// the hash of its bytes; the type's version is the hash of the names and versions.
+    pub fn new(resources: impl IntoIterator<Item = (String, Any)>) -> Self {
+        let resources: BTreeMap<String, VersionedResource> = resources
+            .into_iter()
+            .map(|(name, resource)| {
+                let version = hash_hex(&resource.value);
+                (name, VersionedResource { version, resource })
+            })
+            .collect();
+        let mut h = Sha256::new();
+        for (name, r) in &resources {
+            h.update(name.as_bytes());
+            h.update([0]);
+            h.update(r.version.as_bytes());
+            h.update([0]);
+        }
+        let content = hex64(&h.finalize());
+        Self {
+            version: content.clone(),
+            content,
+            explicit: false,
+            resources,
+        }
+    }
+
+    /// The same resources at an explicit type version (see [`SnapshotBuilder::version`]).
+    pub fn with_version(mut self, version: impl Into<String>) -> Self {
+        self.version = version.into();
+        self.explicit = true;
+        self
+    }
+
+    /// The type's version: the one set explicitly, else a hash of the names and versions of
+    /// every resource of the type. Sent as SotW `version_info` and Delta
+    /// `system_version_info`.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The resources by name.
+    pub fn resources(&self) -> &BTreeMap<String, VersionedResource> {
+        &self.resources
+    }
+
+    /// Hash of the names and resource versions, whatever the version is.
+    pub(crate) fn content(&self) -> &str {
+        &self.content
+    }
+
+    /// Whether [`version`](Self::version) was set explicitly.
+    pub(crate) fn explicit(&self) -> bool {
+        self.explicit
+    }
+}
+
+impl Default for TypeSnapshot {
+    fn default() -> Self {
+        Self::new([])
+    }
+}
+
+fn hash_hex(bytes: &[u8]) -> String {
+    hex64(&Sha256::digest(bytes))
+}
+
+/// The first 64 bits of a digest, in hex.
+fn hex64(digest: &[u8]) -> String {
+    use std::fmt::Write;
+    digest.iter().take(8).fold(String::with_capacity(16), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+// === impl SnapshotCache ===
+
+impl SnapshotCache {
+    /// A cache serving `initial`.
+    pub fn new(initial: Snapshot) -> Self {
+        Self {
+            tx: Arc::new(watch::channel(Arc::new(initial)).0),
+        }
+    }
+
+    /// Replaces what is served; streams are woken only when something differs, so setting an
+    /// equal snapshot pushes nothing.
+    pub fn set(&self, snapshot: Snapshot) {
+        self.tx.send_if_modified(|current| {
+            if **current == snapshot {
+                false
+            } else {
+                *current = Arc::new(snapshot);
+                true
+            }
+        });
+    }
+
+    /// What is served now.
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.tx.borrow().clone()
+    }
+
+    /// A receiver that wakes on each new snapshot.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.tx.subscribe()
+    }
+}
+
+impl Default for SnapshotCache {
+    fn default() -> Self {
+        Self::new(Snapshot::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "type.googleapis.com/test.A";
+
+    fn any(bytes: &[u8]) -> Any {
+        Any {
+            type_url: A.into(),
+            value: bytes.to_vec(),
+        }
+    }
+
+    #[test]
+    fn content_versions_are_stable_and_follow_content() {
+        let build = |v: &[u8]| {
+            let mut b = SnapshotBuilder::new();
+            b.add_any(A, "a", any(v));
+            b.build()
+        };
+        assert_eq!(build(b"1"), build(b"1"));
+        assert_ne!(build(b"1").version(A), build(b"2").version(A));
+        assert_eq!(
+            build(b"1").get(A, "a").map(|r| r.version.as_str()),
+            Some(hash_hex(b"1").as_str())
+        );
+        assert_eq!(hash_hex(b""), "e3b0c44298fc1c14", "SHA-256 of nothing");
+    }
+
+    #[test]
+    fn explicit_version_replaces_the_hash_but_not_resource_versions() {
+        let mut b = SnapshotBuilder::new();
+        b.add_any(A, "a", any(b"1")).version(A, "v7");
+        let s = b.build();
+        assert_eq!(s.version(A), Some("v7"));
+        let plain = Snapshot::new().with_type(A, TypeSnapshot::new([("a".into(), any(b"1"))]));
+        assert_eq!(s.get(A, "a"), plain.get(A, "a"));
+        assert_ne!(s, plain);
+    }
+
+    #[test]
+    fn setting_an_equal_snapshot_wakes_nobody() {
+        let cache = SnapshotCache::default();
+        let mut rx = cache.subscribe();
+        cache.set(Snapshot::new());
+        assert!(!rx.has_changed().unwrap_or(true));
+        cache.set(Snapshot::new().with_type(A, TypeSnapshot::default()));
+        assert!(rx.has_changed().unwrap_or(false));
+        rx.borrow_and_update();
+        cache.set(Snapshot::new().with_type(A, TypeSnapshot::default()));
+        assert!(!rx.has_changed().unwrap_or(true));
+    }
+}
