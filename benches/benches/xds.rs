@@ -21,7 +21,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration};
 use meshkit_benches::{Ratio, report_ratios};
 use meshkit_xds_client::protocol::{Mode, Response, Session, SessionConfig};
-use meshkit_xds_client::testing::{FakeServer, Snapshot};
+use meshkit_xds_client::testing::{FakeServer, Snapshot, SnapshotExt};
 use meshkit_xds_client::{CLUSTER_TYPE_URL, ClientConfig, ResourceType, WatchEvent, XdsClient};
 use prost::Message;
 

@@ -15,6 +15,9 @@
 //!   by SNI, or a single identity) through tokio-rustls's `LazyConfigAcceptor`.
 //! - [`SvidCache`]: SVIDs per identity from a [`CaClient`], renewed at half-life with jitter,
 //!   retried with capped backoff, published on `watch` channels.
+//! - [`CaSigner`]: a certificate authority for one trust domain, generated or loaded from PEM
+//!   files (a root, or an intermediate with its chain), that signs CSRs into X509-SVIDs with
+//!   the identity checked and the validity capped; the core of an Istio-protocol CA server.
 //!
 //! # Example
 //!
@@ -45,7 +48,8 @@
 //!
 //! # Feature flags
 //!
-//! - `test-util`: `test_util::TestCa`, an in-process CA for tests and demos.
+//! - `test-util`: `test_util::TestCa`, an in-process CA for tests and demos: a [`CaSigner`]
+//!   that can be told to fail and counts its requests. [`CaSigner`] itself needs no feature.
 //! - `istio-ca`: a client (and a server adapter) for Istio's CA protocol,
 //!   `istio.v1.auth.IstioCertificateService/CreateCertificate`, over tonic.
 //! - `serde`: `Serialize` / `Deserialize` for [`SpiffeId`] and [`TrustDomain`] as strings.
@@ -56,6 +60,8 @@
 //! # Stability
 //!
 //! Pre-1.0: the API may change between minor versions. Error enums are `#[non_exhaustive]`.
+//! An error's `Display` says what failed at its own level only; the cause is its
+//! [`source()`](std::error::Error::source), so print the chain to see everything.
 
 mod bundle;
 mod ca;

@@ -117,3 +117,32 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     );
     path
 }
+
+/// Runs `command` to completion with its output captured, killing it if it is still running
+/// after `timeout`: a test of a program that should exit must not hang when it does not.
+///
+/// # Panics
+///
+/// When the program cannot be started, or does not exit within `timeout` (its standard error
+/// so far is in the message).
+pub fn output_within(command: &mut Command, timeout: Duration) -> std::process::Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the program");
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if child.try_wait().expect("poll the program").is_some() {
+            return child.wait_with_output().expect("read the program's output");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let output = child.wait_with_output().expect("read the program's output");
+    panic!(
+        "the program did not exit within {timeout:?}; standard error:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use meshkit_xds_client::envoy::Cluster;
 use meshkit_xds_client::envoy_types::pb::google::protobuf::Duration as PbDuration;
-use meshkit_xds_client::testing::{FakeServer, Snapshot};
+use meshkit_xds_client::testing::{FakeServer, Snapshot, SnapshotExt};
 
 fn cluster(name: &str, timeout_s: i64) -> Cluster {
     Cluster {

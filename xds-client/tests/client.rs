@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use meshkit_xds_client::envoy::{DeltaDiscoveryResponse, DiscoveryResponse};
 use meshkit_xds_client::protocol::{Mode, RemovalReason};
-use meshkit_xds_client::testing::{FakeServer, Snapshot};
+use meshkit_xds_client::testing::{FakeServer, Snapshot, SnapshotExt};
 use meshkit_xds_client::{ClientConfig, LISTENER_TYPE_URL, Watch, WatchEvent, XdsClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -255,10 +255,35 @@ async fn slow_watcher_gets_newest_state_and_blocks_nobody() {
 
 #[tokio::test]
 async fn does_not_exist_over_the_wire() {
+    // The server does not serve clusters at all, so it never answers: the client's
+    // does-not-exist timer decides.
+    for mode in MODES {
+        let server = FakeServer::start().await.unwrap();
+        server.set_snapshot(Snapshot::new().with_raw(LISTENER_TYPE_URL, "v1", Vec::new()));
+        let (client, driver) = XdsClient::new(
+            config(&server, mode).does_not_exist_timeout(Duration::from_millis(200)),
+        );
+        tokio::spawn(driver.run());
+        let started = tokio::time::Instant::now();
+        let mut missing = client.watch::<Cluster>("missing");
+        match next(&mut missing).await {
+            WatchEvent::Removed { reason, .. } => {
+                assert_eq!(reason, RemovalReason::DoesNotExist, "{mode:?}")
+            }
+            other => panic!("{mode:?}: {other:?}"),
+        }
+        assert!(started.elapsed() >= Duration::from_millis(200), "{mode:?}");
+    }
+}
+
+#[tokio::test]
+async fn delta_server_reports_a_missing_name_at_once() {
+    // A served type: the Delta server says in `removed_resources` that the name does not
+    // exist, long before the timer would.
     let server = FakeServer::start().await.unwrap();
     server.set_snapshot(Snapshot::new().with_resources("v1", &[cluster("a", 1)]));
     let (client, driver) = XdsClient::new(
-        config(&server, Mode::Delta).does_not_exist_timeout(Duration::from_millis(200)),
+        config(&server, Mode::Delta).does_not_exist_timeout(Duration::from_secs(60)),
     );
     tokio::spawn(driver.run());
     let mut missing = client.watch::<Cluster>("missing");

@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{Authorize, SpiffeVerifier, TlsSettings, TrustDomain};
 use meshkit_xds_client::protocol::Mode;
-use meshkit_xds_client::testing::{FakeServer, Snapshot};
+use meshkit_xds_client::testing::{FakeServer, Snapshot, SnapshotExt};
 use meshkit_xds_client::{ClientConfig, WatchEvent, XdsClient};
 
 const SERVER_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/istiod";

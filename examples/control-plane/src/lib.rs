@@ -21,7 +21,7 @@
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let grants = TokenGrants::new().grant("node-a-token", "spiffe://cluster.local/ns/shop/*")?;
-//! let config = ControlPlaneConfig::new("examples/manifests").with_grants(grants);
+//! let config = ControlPlaneConfig::new("examples/demo/manifests").with_grants(grants);
 //! let cp = ControlPlane::start(config).await?;
 //! println!("ADS on {}, CA on {}", cp.ads_addr(), cp.ca_addr());
 //! cp.shutdown().await;
@@ -54,8 +54,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use ca::{TokenGrants, TokenSigner};
-use meshkit_identity::{CaLoadError, CaSigner};
 use manifests::{ManifestError, ManifestSet};
+use meshkit_identity::{CaLoadError, CaSigner};
 use meshkit_xds_server::{AdsServer, Snapshot, SnapshotCache};
 use translate::TranslateOptions;
 
@@ -230,7 +230,9 @@ impl ControlPlane {
         translate.trust_domain = config.trust_domain.as_str().to_owned();
         let keys = match &config.ca {
             CaSource::Generate => CaSigner::generate(config.trust_domain.clone())?,
-            CaSource::Files { cert, key } => CaSigner::load(config.trust_domain.clone(), cert, key)?,
+            CaSource::Files { cert, key } => {
+                CaSigner::load(config.trust_domain.clone(), cert, key)?
+            }
             CaSource::LoadOrGenerate { cert, key } => {
                 CaSigner::load_or_generate(config.trust_domain.clone(), cert, key)?
             }
@@ -350,13 +352,18 @@ impl Drop for ControlPlane {
     }
 }
 
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+async fn bind(
+    what: &'static str,
+    addr: SocketAddr,
+) -> Result<(TcpListener, SocketAddr), StartError> {
     let bound = async {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         Ok((listener, local))
     };
-    bound.await.map_err(|source| StartError::Bind { what, addr, source })
+    bound
+        .await
+        .map_err(|source| StartError::Bind { what, addr, source })
 }
 
 fn stop_signal(

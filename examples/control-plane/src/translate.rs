@@ -72,9 +72,9 @@ use meshkit_xds_client::{
 use prost::{Message, Name};
 
 use super::manifests::{ManifestSet, ServiceEntry, ServicePort, TlsSecret};
-use meshkit_xds_server::{Snapshot, SnapshotBuilder};
 use meshkit_mesh::proto as workload;
 use meshkit_mesh::resources::{ADDRESS_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL};
+use meshkit_xds_server::{Snapshot, SnapshotBuilder};
 
 /// How manifests are translated.
 #[derive(Debug, Clone, PartialEq, Eq)]

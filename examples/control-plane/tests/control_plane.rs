@@ -17,12 +17,12 @@ use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::manifests::ManifestSet;
 use meshkit_control_plane::translate::{TranslateOptions, build_snapshot};
 use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
+use meshkit_identity::istio::IstioCaClient;
+use meshkit_identity::{CaError, SpiffeId, request_svid};
 use meshkit_mesh::proto::address;
 use meshkit_mesh::resources::{
     ADDRESS_TYPE_URL, AddressResource, IngressClassResource, IngressResource,
 };
-use meshkit_identity::istio::IstioCaClient;
-use meshkit_identity::{CaError, SpiffeId, request_svid};
 use meshkit_xds_client::protocol::Mode;
 use meshkit_xds_client::{ClientConfig, LISTENER_TYPE_URL, Resource, WatchEvent, XdsClient};
 use prost::Message;

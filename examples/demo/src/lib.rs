@@ -37,9 +37,9 @@ use meshkit_identity::{SpiffeId, SvidCache, TrustBundle, TrustBundleSet, TrustDo
 use meshkit_mesh::MeshConfig;
 use meshkit_mesh::feed::mesh_over_xds;
 use meshkit_node_proxy::{NodeProxy, NodeProxyConfig};
+use meshkit_xds_client::ClientConfig as XdsConfig;
 use meshkit_xds_client::envoy::Node;
 use meshkit_xds_client::protocol::Mode;
-use meshkit_xds_client::ClientConfig as XdsConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -119,7 +119,7 @@ pub fn envoy_bootstrap(ads: SocketAddr, node_id: &str, delta: bool, admin: Socke
     format!(
         r#"node:
   id: {node_id}
-  cluster: meshkit-demo
+  cluster: {DEMO_CLUSTER}
 admin:
   address: {{ socket_address: {{ address: {admin_ip}, port_value: {admin_port} }} }}
 dynamic_resources:
@@ -272,11 +272,8 @@ impl DemoMesh {
         let ca = IstioCaClient::new(ca_channel).with_bearer_token(GATEWAY_TOKEN)?;
         let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
         certs.get(&gateway_id).await?;
-        let (gateway_config, feed) = gateway_config_over_xds(xds_config(
-            &control_plane,
-            Mode::StateOfTheWorld,
-            "gateway",
-        ));
+        let (gateway_config, feed) =
+            gateway_config_over_xds(xds_config(&control_plane, Mode::StateOfTheWorld, "gateway"));
         tasks.extend(feed);
         let hbone =
             meshkit_hbone::Client::new(meshkit_cli::hbone_client_config(), certs, bundles.clone());
@@ -443,4 +440,3 @@ fn app_listeners(mesh: &MeshConfig) -> BTreeMap<SocketAddr, String> {
     }
     out
 }
-

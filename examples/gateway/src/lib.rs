@@ -266,7 +266,7 @@ impl Gateway {
             tls::SniResolver(self.shared.current.clone()),
             self.shared.settings.provider.clone(),
         )
-            .map_err(std::io::Error::other)?;
+        .map_err(std::io::Error::other)?;
         self.serve(listener, Some(TlsAcceptor::from(Arc::new(config))))
             .await
     }
@@ -334,10 +334,11 @@ where
         addr: client,
         scheme,
     };
-    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-        req.extensions_mut().insert(client);
-        tower::ServiceExt::oneshot(stack.clone(), req)
-    });
+    let service =
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(client);
+            tower::ServiceExt::oneshot(stack.clone(), req)
+        });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that does not finish its request head in time is dropped (slowloris).
     builder

@@ -111,7 +111,11 @@ impl BackendPool {
     /// Returns `sender` to the pool once it can take the next request (its response was read
     /// to the end); drops it if its connection ends first, or once it has been idle for the
     /// idle timeout.
-    pub(crate) fn put_back_when_ready(self: &Arc<Self>, key: PoolKey, mut sender: SendRequest<Incoming>) {
+    pub(crate) fn put_back_when_ready(
+        self: &Arc<Self>,
+        key: PoolKey,
+        mut sender: SendRequest<Incoming>,
+    ) {
         let pool = Arc::downgrade(self);
         tokio::spawn(async move {
             if sender.ready().await.is_err() {
@@ -169,7 +173,9 @@ pub(crate) enum Exchange {
 }
 
 /// Speaks HTTP/1.1 over `tunnel`.
-pub(crate) async fn connect(tunnel: meshkit_hbone::Tunnel) -> Result<SendRequest<Incoming>, Response<Body>> {
+pub(crate) async fn connect(
+    tunnel: meshkit_hbone::Tunnel,
+) -> Result<SendRequest<Incoming>, Response<Body>> {
     let (sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tunnel)).await {
         Ok(pair) => pair,
         Err(e) => {
@@ -186,7 +192,10 @@ pub(crate) async fn connect(tunnel: meshkit_hbone::Tunnel) -> Result<SendRequest
 }
 
 /// Sends `req` over `sender` and relays the answer.
-pub(crate) async fn exchange(sender: &mut SendRequest<Incoming>, req: Request<Incoming>) -> Exchange {
+pub(crate) async fn exchange(
+    sender: &mut SendRequest<Incoming>,
+    req: Request<Incoming>,
+) -> Exchange {
     match tokio::time::timeout(RESPONSE_TIMEOUT, sender.try_send_request(req)).await {
         Ok(Ok(resp)) => {
             let (mut parts, body) = resp.into_parts();
@@ -221,7 +230,12 @@ pub(crate) fn request_host<B>(req: &Request<B>) -> Option<String> {
 
 /// Rewrites the request for an HTTP/1.1 backend: origin-form URI, `Host`, no hop-by-hop
 /// headers, and `X-Forwarded-For`, `X-Forwarded-Proto` and `Forwarded` naming the client.
-pub(crate) fn prepare<B>(req: &mut Request<B>, host: &str, client: SocketAddr, scheme: &'static str) {
+pub(crate) fn prepare<B>(
+    req: &mut Request<B>,
+    host: &str,
+    client: SocketAddr,
+    scheme: &'static str,
+) {
     let path = req
         .uri()
         .path_and_query()

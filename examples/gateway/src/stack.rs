@@ -12,8 +12,9 @@
 //! Every step answers errors itself (a short plain-text response with the status above) and
 //! never fails as a `Service`: the stack's error type is [`Infallible`].
 //!
-//! A layer of one's own goes between any two of these; it can read the [`Client`],
-//! [`RouteTarget`] and [`ResolvedBackends`] extensions that the earlier steps leave.
+//! A new filter is one more `.layer(..)` in the stack's builder, between the steps whose
+//! results it needs; it reads the [`Client`], [`RouteTarget`] and [`ResolvedBackends`]
+//! extensions that the earlier steps leave, and answers or calls on.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -140,10 +141,7 @@ where
             return ready(error(StatusCode::NOT_FOUND, "no route"));
         };
         let Some(backend) = route.backend().service.as_ref() else {
-            return ready(error(
-                StatusCode::NOT_FOUND,
-                "route has no service backend",
-            ));
+            return ready(error(StatusCode::NOT_FOUND, "route has no service backend"));
         };
         let target = RouteTarget {
             namespace: route.namespace().to_owned(),
@@ -215,7 +213,10 @@ where
             req.extensions().get::<RouteTarget>(),
             req.extensions().get::<Config>(),
         ) else {
-            return ready(error(StatusCode::INTERNAL_SERVER_ERROR, "request not routed"));
+            return ready(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "request not routed",
+            ));
         };
         let Some(service) = compiled.index.service(&target.namespace, &target.service) else {
             tracing::info!(namespace = %target.namespace, service = %target.service, "backend service unknown");
@@ -286,7 +287,10 @@ where
             req.extensions().get::<Client>().copied(),
             req.extensions().get::<RouteTarget>(),
         ) else {
-            return ready(error(StatusCode::INTERNAL_SERVER_ERROR, "request not routed"));
+            return ready(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "request not routed",
+            ));
         };
         let host = target.host.clone();
         let version = req.version();

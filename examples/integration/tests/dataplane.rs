@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use meshkit_demo::{EchoReply, serve_echo};
 use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
-use meshkit_mesh::{MeshConfig, MeshService, ServicePort, Workload};
-use meshkit_node_proxy::{InboundPolicy, NodeProxy, NodeProxyConfig, OutboundListener};
 use meshkit_hbone::{Client, ClientConfig, Target};
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{RotationConfig, SpiffeId, SvidCache, TrustDomain};
 use meshkit_ingress_model::{Ingress, manifest};
+use meshkit_mesh::{MeshConfig, MeshService, ServicePort, Workload};
+use meshkit_node_proxy::{InboundPolicy, NodeProxy, NodeProxyConfig, OutboundListener};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;

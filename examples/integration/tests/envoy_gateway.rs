@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
-use meshkit_gateway::BACKEND_WORKLOAD;
 use meshkit_demo::{
-    DEMO_TOKENS, EchoReply, DemoMesh, EnvoyListeners, MeshOptions, envoy_bootstrap, write_samples,
+    DEMO_TOKENS, DemoMesh, EchoReply, EnvoyListeners, MeshOptions, envoy_bootstrap, write_samples,
 };
+use meshkit_gateway::BACKEND_WORKLOAD;
 use meshkit_test_support::envoy_command;
 
 /// The demo mesh binds fixed workload addresses: one mesh at a time in this binary.

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use meshkit_gateway::BACKEND_WORKLOAD;
 use meshkit_demo::{DemoMesh, GATEWAY_ID, MeshOptions, write_samples};
-use meshkit_node_proxy::InboundPolicy;
+use meshkit_gateway::BACKEND_WORKLOAD;
 use meshkit_hbone::{Client, ClientConfig, Target};
 use meshkit_identity::TrustDomain;
 use meshkit_identity::test_util::TestCa;
+use meshkit_node_proxy::InboundPolicy;
 
 /// What curl saw.
 #[derive(Debug)]

@@ -44,4 +44,6 @@ pub mod proto {
     include!("generated/istio.workload.rs");
 }
 
-pub use index::{Endpoint, MeshConfig, MeshFileError, MeshIndex, MeshService, ServicePort, Workload};
+pub use index::{
+    Endpoint, MeshConfig, MeshFileError, MeshIndex, MeshService, ServicePort, Workload,
+};

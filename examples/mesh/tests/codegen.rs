@@ -25,8 +25,7 @@ fn checked_in_code_matches_proto() {
         generate(&checked_in);
         return;
     }
-    let tmp =
-        std::env::temp_dir().join(format!("meshkit-workload-codegen-{}", std::process::id()));
+    let tmp = std::env::temp_dir().join(format!("meshkit-workload-codegen-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("create temp dir");
     generate(&tmp);
     let fresh = std::fs::read_to_string(tmp.join("istio.workload.rs")).expect("fresh code");

@@ -193,7 +193,11 @@ impl Inbound {
         complete
     }
 
-    async fn serve(&self, ip: IpAddr, id: &SpiffeId) -> Result<AbortOnDrop, Box<dyn std::error::Error + Send + Sync>> {
+    async fn serve(
+        &self,
+        ip: IpAddr,
+        id: &SpiffeId,
+    ) -> Result<AbortOnDrop, Box<dyn std::error::Error + Send + Sync>> {
         let svid = self.certs.get(id).await?;
         let verifier = SpiffeVerifier::new(
             self.bundles.clone(),

@@ -2,6 +2,7 @@
 //! instead of starting half-configured.
 
 use std::process::Command;
+use std::time::Duration;
 
 use meshkit_identity::TrustDomain;
 use meshkit_identity::test_util::TestCa;
@@ -19,14 +20,15 @@ fn a_mesh_file_that_is_not_json_is_refused_by_name() {
     let ca = TestCa::new(TrustDomain::new("cluster.local").expect("td"));
     std::fs::write(dir.join("root.pem"), ca.root_pem()).expect("root");
     std::fs::write(dir.join("mesh.json"), "{ \"workloads\": [ {\"name\": ").expect("mesh");
-    let out = Command::new(env!("CARGO_BIN_EXE_node-proxy"))
-        .args(["--node", "node-a", "--ca", "http://127.0.0.1:9"])
-        .arg("--ca-root")
-        .arg(dir.join("root.pem"))
-        .arg("--mesh")
-        .arg(dir.join("mesh.json"))
-        .output()
-        .expect("run node-proxy");
+    let out = meshkit_test_support::output_within(
+        Command::new(env!("CARGO_BIN_EXE_node-proxy"))
+            .args(["--node", "node-a", "--ca", "http://127.0.0.1:9"])
+            .arg("--ca-root")
+            .arg(dir.join("root.pem"))
+            .arg("--mesh")
+            .arg(dir.join("mesh.json")),
+        Duration::from_secs(20),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     assert!(
@@ -42,14 +44,15 @@ fn a_mesh_file_that_is_not_json_is_refused_by_name() {
 fn a_missing_trust_bundle_is_refused_by_name() {
     let dir = temp_dir("no-root");
     std::fs::write(dir.join("mesh.json"), "{}").expect("mesh");
-    let out = Command::new(env!("CARGO_BIN_EXE_node-proxy"))
-        .args(["--node", "node-a", "--ca", "http://127.0.0.1:9"])
-        .arg("--ca-root")
-        .arg(dir.join("absent.pem"))
-        .arg("--mesh")
-        .arg(dir.join("mesh.json"))
-        .output()
-        .expect("run node-proxy");
+    let out = meshkit_test_support::output_within(
+        Command::new(env!("CARGO_BIN_EXE_node-proxy"))
+            .args(["--node", "node-a", "--ca", "http://127.0.0.1:9"])
+            .arg("--ca-root")
+            .arg(dir.join("absent.pem"))
+            .arg("--mesh")
+            .arg(dir.join("mesh.json")),
+        Duration::from_secs(20),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     assert!(stderr.contains("absent.pem"), "stderr: {stderr}");

@@ -27,13 +27,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
-pub use crate::delta::DeltaStream;
-pub use crate::sotw::SotwStream;
 use crate::config::ServerConfig;
+pub use crate::delta::DeltaStream;
 use crate::error::RequestError;
 use crate::io::Io;
 use crate::observer::RequestObserver;
 use crate::snapshot::{Snapshot, SnapshotCache};
+pub use crate::sotw::SotwStream;
 
 /// The ADS service over a [`SnapshotCache`]: both protocol variants, every stream with its
 /// own subscriptions, only changes pushed. Add [`AdsServer::into_service`] to a tonic server,
@@ -326,7 +326,9 @@ impl AggregatedDiscoveryService for AdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(self.open::<DeltaStream>(request.into_inner())))
+        Ok(Response::new(
+            self.open::<DeltaStream>(request.into_inner()),
+        ))
     }
 }
 

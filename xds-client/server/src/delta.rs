@@ -199,7 +199,10 @@ impl DeltaStream {
                     send(name, r);
                 }
             } else {
-                for (name, r) in sub.names.iter().filter_map(|n| ts.resources().get_key_value(n))
+                for (name, r) in sub
+                    .names
+                    .iter()
+                    .filter_map(|n| ts.resources().get_key_value(n))
                 {
                     send(name, r);
                 }

@@ -28,7 +28,10 @@ impl fmt::Display for RequestError {
         match self {
             Self::MissingTypeUrl => f.write_str("request without a type_url"),
             Self::TooManyTypes { type_url, limit } => {
-                write!(f, "type {type_url} refused: at most {limit} types per stream")
+                write!(
+                    f,
+                    "type {type_url} refused: at most {limit} types per stream"
+                )
             }
         }
     }

@@ -103,7 +103,8 @@ impl SnapshotBuilder {
     /// their resources did not; Delta subscribers still get only changed resources.
     pub fn version(&mut self, type_url: &str, version: &str) -> &mut Self {
         self.declare(type_url);
-        self.versions.insert(type_url.to_owned(), version.to_owned());
+        self.versions
+            .insert(type_url.to_owned(), version.to_owned());
         self
     }
 
@@ -241,10 +242,13 @@ fn hash_hex(bytes: &[u8]) -> String {
 /// The first 64 bits of a digest, in hex.
 fn hex64(digest: &[u8]) -> String {
     use std::fmt::Write;
-    digest.iter().take(8).fold(String::with_capacity(16), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    digest
+        .iter()
+        .take(8)
+        .fold(String::with_capacity(16), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 // === impl SnapshotCache ===

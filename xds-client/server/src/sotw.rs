@@ -180,7 +180,10 @@ impl SotwStream {
             self.nonce += 1;
             out.push(DiscoveryResponse {
                 version_info: ts.version().to_owned(),
-                resources: covered.into_iter().map(|(_, r)| r.resource.clone()).collect(),
+                resources: covered
+                    .into_iter()
+                    .map(|(_, r)| r.resource.clone())
+                    .collect(),
                 type_url: url.clone(),
                 nonce: self.nonce.to_string(),
                 ..Default::default()

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use meshkit_cli::{CliError, init_logging, stop_signal};
 use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::translate::TranslateOptions;
 use meshkit_control_plane::{CaSource, ControlPlane, ControlPlaneConfig};
-use meshkit_cli::{CliError, init_logging, stop_signal};
 
 /// The proxies move bulk data through HTTP/2's 1 MiB frame buffers, which glibc's allocator
 /// hands back to the kernel on free and page-faults in again for the next frame; mimalloc
@@ -24,7 +24,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Args {
     /// Folder of manifests (Ingress, IngressClass, TLS Secret, ServiceEntry, WorkloadEntry);
     /// re-read when a file changes.
-    #[arg(long, default_value = "examples/manifests")]
+    #[arg(long, default_value = "examples/demo/manifests")]
     manifests: PathBuf,
     /// ADS listen address.
     #[arg(long, default_value = "127.0.0.1:15010")]

@@ -4,8 +4,8 @@
 //! answer, and prints a summary. Exits 0 only if every check passed.
 //!
 //! ```text
-//! cargo run --release -p meshkit-examples --bin mesh-demo            # run the checks, exit
-//! cargo run --release -p meshkit-examples --bin mesh-demo -- --serve # then keep serving
+//! cargo run --release -p meshkit-demo --bin mesh-demo            # run the checks, exit
+//! cargo run --release -p meshkit-demo --bin mesh-demo -- --serve # then keep serving
 //! ```
 
 use std::collections::BTreeMap;
@@ -18,10 +18,10 @@ use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Empty};
 use meshkit_cli::CliError;
-use meshkit_gateway::{BACKEND_IDENTITY, BACKEND_WORKLOAD};
 use meshkit_demo::{
     DemoMesh, EchoReply, EnvoyListeners, GATEWAY_ID, MeshOptions, envoy_bootstrap, write_samples,
 };
+use meshkit_gateway::{BACKEND_IDENTITY, BACKEND_WORKLOAD};
 use tokio::net::TcpStream;
 
 /// The proxies move bulk data through HTTP/2's 1 MiB frame buffers, which glibc's allocator

@@ -17,16 +17,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
-use meshkit_mesh::MeshConfig;
-use meshkit_xds_client::envoy::Node;
-use meshkit_xds_client::protocol::Mode;
 use meshkit_cli::{
     CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
 };
+use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
 use meshkit_hbone::Client;
 use meshkit_identity::SvidCache;
 use meshkit_identity::istio::IstioCaClient;
+use meshkit_mesh::MeshConfig;
+use meshkit_xds_client::envoy::Node;
+use meshkit_xds_client::protocol::Mode;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 

@@ -1,4 +1,5 @@
-//! `node-proxy`: ztunnel's job on loopback, from a static mesh file and an Istio-protocol CA.
+//! `node-proxy`: ztunnel's job on loopback, from a mesh file or the control plane's xDS, and an
+//! Istio-protocol CA.
 //!
 //! ```text
 //! node-proxy --node node-a --mesh mesh.json \
@@ -14,15 +15,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use meshkit_mesh::MeshConfig;
-use meshkit_node_proxy::{InboundPolicy, NodeProxy, NodeProxyConfig, OutboundListener};
-use meshkit_xds_client::envoy::Node;
-use meshkit_xds_client::protocol::Mode;
 use meshkit_cli::{
     CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
 };
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{SvidCache, TrustDomain};
+use meshkit_mesh::MeshConfig;
+use meshkit_node_proxy::{InboundPolicy, NodeProxy, NodeProxyConfig, OutboundListener};
+use meshkit_xds_client::envoy::Node;
+use meshkit_xds_client::protocol::Mode;
 use tokio::sync::watch;
 
 /// The proxies move bulk data through HTTP/2's 1 MiB frame buffers, which glibc's allocator

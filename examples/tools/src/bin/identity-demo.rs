@@ -1,6 +1,6 @@
 //! Identity demo: SVIDs from an in-process CA (meshkit-identity's `CaSigner`), then a verified mutual-TLS echo over loopback.
 //!
-//! `cargo run --release -p meshkit-examples --bin identity-demo`
+//! `cargo run --release -p meshkit-tools --bin identity-demo`
 //!
 //! It issues SVIDs for a client and a server workload through the rotating SVID cache, serves
 //! an echo over TLS 1.3 on 127.0.0.1 with the certificate chosen per connection, connects as
@@ -14,9 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use meshkit_identity::{
-    BoxFuture, CaClient, CaError, CaSigner, CertificateRequest,
-    Authorize, SingleIdentity, SpiffeId, SpiffeVerifier, SvidCache, TrustDomain, accept,
-    peer_spiffe_id, verify_error,
+    Authorize, BoxFuture, CaClient, CaError, CaSigner, CertificateRequest, SingleIdentity,
+    SpiffeId, SpiffeVerifier, SvidCache, TrustDomain, accept, peer_spiffe_id, verify_error,
 };
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -47,7 +46,7 @@ impl CaClient for InProcessCa {
         let signed = self
             .signer
             .sign_csr(&request.csr_pem, &request.id, request.validity)
-            .map_err(|e| CaError::Rejected(e.to_string()));
+            .map_err(|e| CaError::Rejected(meshkit_cli::error_chain(&e)));
         Box::pin(std::future::ready(signed))
     }
 }
@@ -111,7 +110,7 @@ async fn run() -> Result<(), Error> {
                     stream.shutdown().await?;
                     Ok(peer)
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(meshkit_cli::error_chain(&e)),
             });
         }
         Ok::<_, Error>(outcomes)
@@ -182,7 +181,7 @@ fn describe(e: &std::io::Error) -> Error {
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
         .and_then(verify_error);
     match typed {
-        Some(v) => v.to_string().into(),
-        None => e.to_string().into(),
+        Some(v) => meshkit_cli::error_chain(v).into(),
+        None => meshkit_cli::error_chain(e).into(),
     }
 }

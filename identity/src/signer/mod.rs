@@ -17,10 +17,13 @@
 //! | notAfter | now + min(asked, cap), never after any CA certificate of the chain | a leaf never outlives the authority that vouches for it |
 //! | AKI | the CA's key identifier | lets path builders pick the right CA among same-named ones |
 
+mod error;
+mod files;
+mod key;
+
 use std::fmt;
 use std::fs;
-use std::io::{self, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
@@ -36,10 +39,12 @@ use time::OffsetDateTime;
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
-use crate::bundle::{BundleError, TrustBundle, TrustBundleSet};
-use crate::spiffe::{SpiffeId, SpiffeIdError, TrustDomain};
+use self::error::rfc3339;
+pub use self::error::{CaLoadError, SignError};
+use crate::bundle::{TrustBundle, TrustBundleSet};
+use crate::spiffe::{SpiffeId, TrustDomain};
 use crate::svid::{SvidError, X509Svid, certs_from_pem, certs_to_pem};
-use crate::verify::{Authorize, PeerRole, SpiffeVerifier, VerifyError};
+use crate::verify::{Authorize, PeerRole, SpiffeVerifier};
 
 /// The longest validity a [`CaSigner`] grants a leaf unless told otherwise with
 /// [`CaSigner::with_max_validity`]: 24 hours, Istio's default workload certificate lifetime.
@@ -51,200 +56,6 @@ pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// How far back certificates are dated, to tolerate small clock differences.
 const BACKDATE: Duration = Duration::from_secs(60);
-
-/// Why a [`CaSigner`] could not be created, loaded or saved.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CaLoadError {
-    /// A CA file could not be read (or its existence could not be checked).
-    #[error("cannot read {}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// A CA file could not be written.
-    #[error("cannot write {}", path.display())]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// Of the certificate and key files, only one exists; generating a new CA would orphan
-    /// it, loading is impossible.
-    #[error(
-        "{} exists but {} does not: both CA files or neither are required",
-        present.display(),
-        missing.display()
-    )]
-    OnlyOneFile {
-        /// The file that exists.
-        present: PathBuf,
-        /// The file that does not.
-        missing: PathBuf,
-    },
-    /// The files were read but do not hold a usable CA; the source says why.
-    #[error("CA files {} and {} are not a usable CA", cert.display(), key.display())]
-    Files {
-        /// The certificate (chain) file.
-        cert: PathBuf,
-        /// The private key file.
-        key: PathBuf,
-        /// What is wrong with their contents.
-        #[source]
-        source: Box<CaLoadError>,
-    },
-    /// The certificate PEM is unreadable or holds no certificate.
-    #[error("invalid CA certificate PEM")]
-    CertPem(#[source] SvidError),
-    /// A certificate of the chain is not well-formed X.509.
-    #[error("certificate {index} of the CA chain is malformed: {reason}")]
-    MalformedCert {
-        /// Position in the chain (0 is the signing CA's own certificate).
-        index: usize,
-        /// The parser's message.
-        reason: String,
-    },
-    /// A certificate of the chain is not valid at this moment.
-    #[error(
-        "certificate {index} of the CA chain is valid from {} to {}, not now",
-        rfc3339(.not_before),
-        rfc3339(.not_after)
-    )]
-    NotValidNow {
-        /// Position in the chain (0 is the signing CA's own certificate).
-        index: usize,
-        /// Start of its validity.
-        not_before: SystemTime,
-        /// End of its validity.
-        not_after: SystemTime,
-    },
-    /// The signing certificate's basic constraints do not say `cA=true`.
-    #[error("the CA certificate is not a certificate authority (basicConstraints cA=true)")]
-    NotCa,
-    /// The signing certificate's key usage is absent or lacks `keyCertSign`.
-    #[error("the CA certificate's key usage does not include keyCertSign")]
-    NoKeyCertSign,
-    /// The signing certificate names a SPIFFE trust domain other than the one configured.
-    #[error("the CA certificate belongs to {found}, not to trust domain {expected}")]
-    TrustDomainMismatch {
-        /// The trust domain the signer was asked to serve.
-        expected: TrustDomain,
-        /// The SPIFFE ID in the certificate's URI SAN.
-        found: SpiffeId,
-    },
-    /// The key PEM is unreadable or holds no private key.
-    #[error("invalid CA private key PEM")]
-    KeyPem(#[source] rustls_pki_types::pem::Error),
-    /// The private key is not one rcgen can sign with (PKCS#8 or SEC1 ECDSA P-256/P-384,
-    /// PKCS#8 Ed25519 or RSA).
-    #[error("unsupported CA private key")]
-    UnsupportedKey(#[source] rcgen::Error),
-    /// The private key does not belong to the signing certificate.
-    #[error("the private key does not match the CA certificate's public key")]
-    KeyMismatch,
-    /// rcgen cannot take the signing certificate as an issuer.
-    #[error("the CA certificate cannot be used as an issuer")]
-    UnusableCa(#[source] rcgen::Error),
-    /// A certificate signed by this CA would not carry the CA certificate's subject as its
-    /// issuer name, byte for byte (rcgen re-encodes the name; a subject with a multi-valued RDN
-    /// or a repeated attribute type, such as two OUs, does not survive), so no verifier could
-    /// chain it.
-    #[error("certificates signed by this CA would not name it exactly as its subject")]
-    IssuerName,
-    /// The chain does not lead from the signing certificate to the root (the last certificate),
-    /// checked by verifying a certificate signed at load time.
-    #[error("the CA chain does not verify up to its root")]
-    ChainInvalid(#[source] VerifyError),
-    /// The root (the chain's last certificate) cannot serve as a trust anchor.
-    #[error("the CA's root cannot be a trust anchor")]
-    Root(#[source] BundleError),
-    /// Key or certificate generation failed.
-    #[error("generating the CA key or certificate failed")]
-    Generate(#[source] rcgen::Error),
-    /// Signing with the CA failed while it was being set up.
-    #[error("the CA cannot sign")]
-    Sign(#[source] SignError),
-}
-
-/// Why a [`CaSigner`] refused or failed to sign.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SignError {
-    /// The CSR PEM is unreadable or holds no `CERTIFICATE REQUEST`.
-    #[error("invalid CSR PEM")]
-    CsrPem(#[source] rustls_pki_types::pem::Error),
-    /// The CSR is not a well-formed PKCS#10 request, or uses an extension or algorithm that is
-    /// not supported.
-    #[error("malformed or unsupported CSR")]
-    MalformedCsr(#[source] rcgen::Error),
-    /// The CSR's self-signature does not verify: its sender does not hold the private key.
-    #[error("the CSR's signature does not verify")]
-    CsrSignature,
-    /// The CSR does not carry exactly one subject alternative name.
-    #[error("the CSR carries {count} subject alternative names; exactly one, a SPIFFE ID, is required")]
-    CsrSanCount {
-        /// How many it carries.
-        count: usize,
-    },
-    /// The CSR's one subject alternative name is not a URI.
-    #[error("the CSR's subject alternative name is not a URI")]
-    CsrSanNotUri,
-    /// The CSR's URI SAN is not a SPIFFE ID.
-    #[error("the CSR's URI SAN {uri:?} is not a SPIFFE ID")]
-    CsrUriNotSpiffeId {
-        /// The URI as found.
-        uri: String,
-        /// What is wrong with it.
-        #[source]
-        source: SpiffeIdError,
-    },
-    /// The CSR asks for another identity than the one the caller authorised.
-    #[error("the CSR asks for {found}, not {requested}")]
-    CsrIdMismatch {
-        /// The identity the caller authorised.
-        requested: SpiffeId,
-        /// The identity in the CSR.
-        found: SpiffeId,
-    },
-    /// The issued certificate would not carry the CSR's public key unchanged (a key type or
-    /// curve that rcgen cannot re-encode from the CSR).
-    #[error("the CSR's public key type is not supported")]
-    UnsupportedCsrKey,
-    /// The identity is not in this CA's trust domain.
-    #[error("{id} is not in this CA's trust domain {trust_domain}")]
-    ForeignTrustDomain {
-        /// The identity asked for.
-        id: SpiffeId,
-        /// The CA's trust domain.
-        trust_domain: TrustDomain,
-    },
-    /// The identity has no path: it names a trust domain, not a workload.
-    #[error("{0} has no path; it names a trust domain, not a workload")]
-    NoPath(SpiffeId),
-    /// A validity of zero was asked for.
-    #[error("a certificate validity of zero was asked for")]
-    ZeroValidity,
-    /// A certificate of the CA chain has expired.
-    #[error("the CA chain expired at {}", rfc3339(.not_after))]
-    CaExpired {
-        /// End of validity of the first CA certificate of the chain to expire.
-        not_after: SystemTime,
-    },
-    /// The system's random number generator failed (for the serial number).
-    #[error("the random number generator failed")]
-    Random,
-    /// rcgen failed to generate the key or sign the certificate.
-    #[error("signing the certificate failed")]
-    Sign(#[source] rcgen::Error),
-    /// The issued certificate and key are not a valid X509-SVID (for [`CaSigner::issue`]).
-    #[error("the issued certificate is not a valid X509-SVID")]
-    InvalidSvid(#[source] SvidError),
-}
 
 /// A certificate authority for one trust domain: signs X509-SVIDs from CSRs.
 ///
@@ -336,7 +147,7 @@ impl CaSigner {
         key_pem: &str,
     ) -> Result<Self, CaLoadError> {
         let chain = certs_from_pem(cert_chain_pem).map_err(CaLoadError::CertPem)?;
-        let key = parse_key(key_pem)?;
+        let key = key::parse_key(key_pem)?;
         Self::assemble(trust_domain, chain, key, true)
     }
 
@@ -361,7 +172,7 @@ impl CaSigner {
         };
         let cert_pem = read(cert_path)?;
         let key_pem = read(key_path)?;
-        warn_if_exposed(key_path);
+        files::warn_if_exposed(key_path);
         Self::from_pem(trust_domain, &cert_pem, &key_pem).map_err(|source| CaLoadError::Files {
             cert: cert_path.to_owned(),
             key: key_path.to_owned(),
@@ -376,6 +187,9 @@ impl CaSigner {
     ///
     /// [`CaLoadError::OnlyOneFile`] when one file exists without the other (nothing is
     /// written), otherwise as [`CaSigner::load`] or [`CaSigner::save`].
+    ///
+    /// The files belong to one process: two first starts at once would each generate a root,
+    /// and the last to rename its files into place would win.
     pub fn load_or_generate(
         trust_domain: TrustDomain,
         cert_path: impl AsRef<Path>,
@@ -428,8 +242,8 @@ impl CaSigner {
         cert_path: impl AsRef<Path>,
         key_path: impl AsRef<Path>,
     ) -> Result<(), CaLoadError> {
-        write_atomically(key_path.as_ref(), self.issuer.key().serialize_pem(), 0o600)?;
-        write_atomically(cert_path.as_ref(), self.cert_pem(), 0o644)
+        files::write_atomically(key_path.as_ref(), self.issuer.key().serialize_pem(), 0o600)?;
+        files::write_atomically(cert_path.as_ref(), self.cert_pem(), 0o644)
     }
 
     /// A new intermediate CA of the same trust domain, signed by this one: a fresh P-256 key,
@@ -601,7 +415,8 @@ impl CaSigner {
         .map_err(SignError::Sign)?;
         // rcgen re-encodes the key from the CSR's signature algorithm; a key whose type that
         // does not determine (a P-384 key signed with SHA-256, say) would come out wrong.
-        let (_, cert) = X509Certificate::from_der(leaf.der()).map_err(|_| SignError::UnsupportedCsrKey)?;
+        let (_, cert) =
+            X509Certificate::from_der(leaf.der()).map_err(|_| SignError::UnsupportedCsrKey)?;
         if cert.tbs_certificate.subject_pki.raw != csr.spki.as_slice() {
             return Err(SignError::UnsupportedCsrKey);
         }
@@ -693,7 +508,8 @@ impl CaSigner {
         let subject = check_ca_cert(first, &trust_domain, &key)?;
         let issuer = Issuer::from_ca_cert_der(first, key).map_err(CaLoadError::UnusableCa)?;
         let root = chain.last().cloned().into_iter().collect();
-        let bundle = TrustBundle::from_der(trust_domain.clone(), root).map_err(CaLoadError::Root)?;
+        let bundle =
+            TrustBundle::from_der(trust_domain.clone(), root).map_err(CaLoadError::Root)?;
         let signer = Self {
             trust_domain,
             issuer,
@@ -757,8 +573,9 @@ impl Csr {
             rcgen::Error::InvalidCertificationRequestSignature => SignError::CsrSignature,
             other => SignError::MalformedCsr(other),
         })?;
-        let (_, request) = X509CertificationRequest::from_der(&der)
-            .map_err(|_| SignError::MalformedCsr(rcgen::Error::CouldNotParseCertificationRequest))?;
+        let (_, request) = X509CertificationRequest::from_der(&der).map_err(|_| {
+            SignError::MalformedCsr(rcgen::Error::CouldNotParseCertificationRequest)
+        })?;
         let spki = request.certification_request_info.subject_pki.raw.to_vec();
         Ok(Self { params, spki })
     }
@@ -804,7 +621,11 @@ fn add(now: OffsetDateTime, d: Duration) -> OffsetDateTime {
         .map_or(last, |t| t.min(last))
 }
 
-fn leaf_template(id: &SpiffeId, now: OffsetDateTime, not_after: OffsetDateTime) -> CertificateParams {
+fn leaf_template(
+    id: &SpiffeId,
+    now: OffsetDateTime,
+    not_after: OffsetDateTime,
+) -> CertificateParams {
     let mut params = CertificateParams::default();
     params.distinguished_name = DistinguishedName::new();
     params.subject_alt_names = vec![SanType::URI(
@@ -856,17 +677,18 @@ fn ca_params(
         KeyUsagePurpose::DigitalSignature,
     ];
     params.use_authority_key_identifier_extension = true;
-    params.serial_number = Some(
-        random_serial().ok_or(CaLoadError::Sign(SignError::Random))?,
-    );
+    params.serial_number = Some(random_serial().ok_or(CaLoadError::Sign(SignError::Random))?);
     params.not_before = now - BACKDATE;
     params.not_after = not_after;
     Ok(params)
 }
 
-fn parse_cert<'a>(der: &'a CertificateDer<'_>, index: usize) -> Result<X509Certificate<'a>, CaLoadError> {
+fn parse_cert<'a>(
+    der: &'a CertificateDer<'_>,
+    index: usize,
+) -> Result<X509Certificate<'a>, CaLoadError> {
     match X509Certificate::from_der(der) {
-        Ok((rest, cert)) if rest.is_empty() => Ok(cert),
+        Ok(([], cert)) => Ok(cert),
         Ok(_) => Err(CaLoadError::MalformedCert {
             index,
             reason: "trailing bytes after the certificate".into(),
@@ -914,155 +736,4 @@ fn check_ca_cert(
         return Err(CaLoadError::KeyMismatch);
     }
     Ok(cert.tbs_certificate.subject.as_raw().to_vec())
-}
-
-/// A private key from PEM: PKCS#8, or SEC1 (which rcgen's ring backend cannot read, so it is
-/// wrapped in PKCS#8 here).
-fn parse_key(pem: &str) -> Result<KeyPair, CaLoadError> {
-    let der = PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(CaLoadError::KeyPem)?;
-    if let PrivateKeyDer::Sec1(sec1) = &der {
-        // The curve is not known before parsing; ring checks it against the one named here.
-        for curve in [oid::P256, oid::P384] {
-            let pkcs8 = PrivatePkcs8KeyDer::from(sec1_to_pkcs8(sec1.secret_sec1_der(), curve));
-            if let Ok(key) = KeyPair::try_from(&PrivateKeyDer::Pkcs8(pkcs8)) {
-                return Ok(key);
-            }
-        }
-    }
-    KeyPair::try_from(&der).map_err(CaLoadError::UnsupportedKey)
-}
-
-/// DER encodings of the object identifiers a PKCS#8 EC key names.
-mod oid {
-    /// id-ecPublicKey (1.2.840.10045.2.1).
-    pub(super) const EC_PUBLIC_KEY: &[u8] = &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
-    /// prime256v1 (1.2.840.10045.3.1.7).
-    pub(super) const P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
-    /// secp384r1 (1.3.132.0.34).
-    pub(super) const P384: &[u8] = &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22];
-}
-
-/// RFC 5208 PrivateKeyInfo { version 0, { id-ecPublicKey, curve }, OCTET STRING { sec1 } }.
-fn sec1_to_pkcs8(sec1: &[u8], curve: &[u8]) -> Vec<u8> {
-    let algorithm = der_tlv(0x30, &[oid::EC_PUBLIC_KEY, curve].concat());
-    let version = [0x02, 0x01, 0x00];
-    der_tlv(0x30, &[&version[..], &algorithm, &der_tlv(0x04, sec1)].concat())
-}
-
-fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
-    let mut out = vec![tag];
-    let len = content.len();
-    if len < 0x80 {
-        out.push(len as u8);
-    } else {
-        let bytes = len.to_be_bytes();
-        let skip = bytes.iter().take_while(|b| **b == 0).count();
-        out.push(0x80 | (bytes.len() - skip) as u8);
-        out.extend_from_slice(&bytes[skip..]);
-    }
-    out.extend_from_slice(content);
-    out
-}
-
-#[cfg(unix)]
-fn warn_if_exposed(key_path: &Path) {
-    use std::os::unix::fs::PermissionsExt as _;
-    if let Ok(meta) = fs::metadata(key_path) {
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            tracing::warn!(
-                path = %key_path.display(),
-                mode = format_args!("{mode:o}"),
-                "the CA private key file is readable by group or others; chmod 600 it"
-            );
-        }
-    }
-}
-
-#[cfg(not(unix))]
-fn warn_if_exposed(_key_path: &Path) {}
-
-/// Writes `contents` to a new temporary file next to `path` with `mode`, syncs it, renames it
-/// over `path` and syncs the folder.
-fn write_atomically(path: &Path, contents: String, mode: u32) -> Result<(), CaLoadError> {
-    let write_err = |source| CaLoadError::Write {
-        path: path.to_owned(),
-        source,
-    };
-    let name = path.file_name().ok_or_else(|| {
-        write_err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the path names no file",
-        ))
-    })?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    create_dir(dir).map_err(write_err)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{:016x}",
-        name.to_string_lossy(),
-        std::process::id(),
-        fastrand::u64(..)
-    ));
-    let result = write_new(&tmp, contents.as_bytes(), mode).and_then(|()| fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(write_err)?;
-    // The rename is durable once the folder is; a failure here leaves a complete file.
-    if let Ok(dir) = fs::File::open(dir) {
-        let _ = dir.sync_all();
-    }
-    Ok(())
-}
-
-#[cfg(unix)]
-fn write_new(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)?;
-    // The umask may have removed bits of `mode` (never added any): set it exactly.
-    file.set_permissions(fs::Permissions::from_mode(mode))?;
-    file.write_all(contents)?;
-    file.sync_all()
-}
-
-#[cfg(not(unix))]
-fn write_new(path: &Path, contents: &[u8], _mode: u32) -> io::Result<()> {
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)?;
-    file.write_all(contents)?;
-    file.sync_all()
-}
-
-#[cfg(unix)]
-fn create_dir(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt as _;
-    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
-}
-
-#[cfg(not(unix))]
-fn create_dir(dir: &Path) -> io::Result<()> {
-    fs::create_dir_all(dir)
-}
-
-/// `2026-01-31T12:00:00Z`.
-fn rfc3339(t: &SystemTime) -> String {
-    let t = OffsetDateTime::from(*t);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
 }
