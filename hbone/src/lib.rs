@@ -70,6 +70,9 @@
 //!
 //! Pre-1.0: the API may change between minor versions.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod client;
 mod config;
 mod copy;

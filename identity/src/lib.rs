@@ -63,6 +63,9 @@
 //! An error's `Display` says what failed at its own level only; the cause is its
 //! [`source()`](std::error::Error::source), so print the chain to see everything.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod bundle;
 mod ca;
 #[cfg(feature = "istio-ca")]

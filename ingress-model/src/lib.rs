@@ -67,6 +67,9 @@
 //! Pre-1.0, like the rest of meshkit. The generated types follow the upstream schema and
 //! change only with it; error enums are `#[non_exhaustive]`.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod envelope;
 pub mod k8s;
 pub mod manifest;

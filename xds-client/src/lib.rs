@@ -71,6 +71,9 @@
 //! stay; the builder methods of [`ClientConfig`] may grow. Enums that may gain variants are
 //! `#[non_exhaustive]`.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod client;
 mod error;
 pub mod protocol;

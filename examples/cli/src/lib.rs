@@ -20,6 +20,9 @@
 //!
 //! Pre-1.0: the API may change between minor versions.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::path::Path;
 use std::sync::Arc;
 

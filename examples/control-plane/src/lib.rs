@@ -38,6 +38,9 @@
 //!
 //! Pre-1.0: the API may change between minor versions.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod ca;
 pub mod manifests;
 pub mod translate;
@@ -56,7 +59,7 @@ use tokio::task::JoinHandle;
 use ca::{TokenGrants, TokenSigner};
 use manifests::{ManifestError, ManifestSet};
 use meshkit_identity::{CaLoadError, CaSigner};
-use meshkit_xds_server::{AdsServer, Snapshot, SnapshotCache};
+use meshkit_xds_server::{AdsServer, ServerConfig, Snapshot, SnapshotCache};
 use translate::TranslateOptions;
 
 /// Where the CA's root comes from.
@@ -258,7 +261,10 @@ impl ControlPlane {
         let (stop, _) = watch::channel(false);
         let mut tasks = Vec::new();
         let stopped = stop_signal(&stop);
-        let ads = AdsServer::new(cache.clone()).with_stop(stop.subscribe());
+        // Delta clients resuming with many resources send them all in their first request.
+        let ads = AdsServer::new(cache.clone())
+            .with_config(ServerConfig::default().max_decoding_message_size(16 * 1024 * 1024))
+            .with_stop(stop.subscribe());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = ads.serve(ads_listener, stopped).await {
                 tracing::error!(error = %e, "ADS server failed");

@@ -17,6 +17,9 @@
 //!
 //! Pre-1.0, and a demo: its API follows what `mesh-demo` and the tests need.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod echo;
 
 pub use echo::{EchoReply, serve_echo};

@@ -41,6 +41,9 @@
 //! # }
 //! ```
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod feed;
 mod proxy;
 pub mod stack;

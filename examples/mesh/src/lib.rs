@@ -34,6 +34,9 @@
 //! Pre-1.0: the API may change between minor versions. The generated types follow upstream's
 //! `.proto` and change when it does.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod feed;
 mod index;
 pub mod resources;

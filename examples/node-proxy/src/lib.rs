@@ -45,6 +45,9 @@
 //!
 //! Pre-1.0: the API may change between minor versions.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod inbound;
 mod outbound;
 

@@ -76,6 +76,9 @@
 //! `#[non_exhaustive]`). Versions are the first 64 bits of SHA-256 in hex and stay stable
 //! across releases, so clients resume without a full resend after a server upgrade.
 
+// docs.rs builds with `--cfg docsrs`: items behind a feature show it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod ads;
 mod config;
 mod delta;
