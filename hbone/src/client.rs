@@ -24,10 +24,11 @@ use tokio_rustls::TlsConnector;
 use tower_service::Service;
 
 use crate::config::H2Settings;
-use crate::error::{Chain, Error, Kind};
+use crate::error::{Error, Kind};
 use crate::keepalive::keepalive;
 use crate::rt::{Exec, Executor};
 use crate::tunnel::Tunnel;
+use meshkit_identity::ErrorChain;
 
 /// Where a tunnel goes and who may be at the other end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -457,7 +458,7 @@ impl<C: Connect> Client<C> {
                     if fresh || attempt == 1 {
                         return Err(e);
                     }
-                    tracing::debug!(peer = %target.peer, error = %Chain(&e), "pooled HBONE connection gone; retrying");
+                    tracing::debug!(peer = %target.peer, error = %ErrorChain(&e), "pooled HBONE connection gone; retrying");
                 }
                 result => return result,
             }

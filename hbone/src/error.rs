@@ -165,27 +165,6 @@ impl std::error::Error for Error {
     }
 }
 
-/// Shows an error with its chain of sources, `what: why: root cause`, for logs. A source whose
-/// message its parent already ends with is left out (some dependencies print their cause).
-pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.0.to_string();
-        f.write_str(&shown)?;
-        let mut next = self.0.source();
-        while let Some(e) = next {
-            let message = e.to_string();
-            if !shown.ends_with(&message) {
-                write!(f, ": {message}")?;
-            }
-            shown = message;
-            next = e.source();
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,7 +179,7 @@ mod tests {
         let cause = std::error::Error::source(&err).expect("the I/O error");
         assert_eq!(cause.to_string(), "connection refused");
         assert_eq!(
-            Chain(&err).to_string(),
+            meshkit_identity::ErrorChain(&err).to_string(),
             "connecting to the HBONE peer failed: connection refused"
         );
     }
@@ -221,7 +200,7 @@ mod tests {
         }
         let err = Error::new(Kind::Tls(io::Error::other(Loud(io::Error::other("eof")))));
         assert_eq!(
-            Chain(&err).to_string(),
+            meshkit_identity::ErrorChain(&err).to_string(),
             "TLS with the HBONE peer failed: loud: eof"
         );
     }

@@ -22,10 +22,11 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::config::H2Settings;
-use crate::error::{Chain, Error, Kind};
+use crate::error::{Error, Kind};
 use crate::keepalive::keepalive;
 use crate::rt::{Exec, Executor};
 use crate::tunnel::Tunnel;
+use meshkit_identity::ErrorChain;
 
 /// One CONNECT request, with what the server verified about it.
 #[derive(Debug, Clone)]
@@ -294,7 +295,7 @@ where
                 tokio::select! {
                     result = task.serve_io(sock, source, destination, drain_rx) => {
                         if let Err(e) = result {
-                            tracing::debug!(%source, error = %Chain(&e), "HBONE connection ended with an error");
+                            tracing::debug!(%source, error = %ErrorChain(&e), "HBONE connection ended with an error");
                         }
                     }
                     _ = abort.changed() => {}
@@ -378,7 +379,7 @@ where
                 self.stats
                     .handshake_failures
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%source, error = %Chain(&e), "HBONE TLS handshake failed");
+                tracing::debug!(%source, error = %ErrorChain(&e), "HBONE TLS handshake failed");
                 return Err(match e {
                     AcceptError::PeerRejected(reason) => Error::new(Kind::PeerIdentity(reason)),
                     e => Error::new(Kind::Tls(std::io::Error::other(e))),

@@ -71,6 +71,7 @@ mod ca;
 #[cfg(feature = "istio-ca")]
 pub mod istio;
 mod report;
+pub use report::ErrorChain;
 mod rotate;
 mod select;
 mod signer;

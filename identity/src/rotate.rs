@@ -248,7 +248,7 @@ async fn renew(
                 }
                 Err(error) => {
                     let wait = config.backoff_with_jitter(backoff);
-                    tracing::warn!(%id, error = %crate::report::Report(&error), retry_in = ?wait, "SVID renewal failed; still serving the current one");
+                    tracing::warn!(%id, error = %crate::ErrorChain(&error), retry_in = ?wait, "SVID renewal failed; still serving the current one");
                     tokio::time::sleep(wait).await;
                     backoff = (backoff * 2).min(config.max_backoff);
                 }

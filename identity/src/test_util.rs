@@ -14,7 +14,6 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::bundle::{TrustBundle, TrustBundleSet};
 use crate::ca::{CaClient, CaError, CertificateRequest};
-use crate::report::Report;
 use crate::select::BoxFuture;
 use crate::signer::CaSigner;
 use crate::spiffe::{SpiffeId, TrustDomain};
@@ -170,7 +169,7 @@ impl TestCa {
         };
         self.signer
             .sign_csr(csr_pem, id, validity)
-            .map_err(|e| CaError::Rejected(Report(&e).to_string()))
+            .map_err(|e| CaError::Rejected(crate::ErrorChain(&e).to_string()))
     }
 }
 

@@ -233,7 +233,7 @@ impl SpiffeVerifier {
         self.verify_parts(leaf, intermediates, role, now)
             .map_err(|e| {
                 // Kept whole inside `Other` so callers can downcast to the typed error.
-                tracing::debug!(error = %crate::report::Report(&e), ?role, "refused peer certificate");
+                tracing::debug!(error = %crate::ErrorChain(&e), ?role, "refused peer certificate");
                 rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(e))))
             })
     }

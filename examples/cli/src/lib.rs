@@ -76,16 +76,10 @@ pub fn rotation_config() -> RotationConfig {
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An error and its causes on one line, `what failed: why: why`, each level once (meshkit's
-/// errors print one level in `Display` and keep the cause in `source()`).
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+/// errors print one level in `Display` and keep the cause in `source()`): meshkit-identity's
+/// [`ErrorChain`](meshkit_identity::ErrorChain) as a string.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    meshkit_identity::ErrorChain(error).to_string()
 }
 
 fn read(path: &Path, what: &str) -> Result<String, CliError> {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use meshkit_identity::istio::{
     CertificateSigner, IstioCertificateRequest, IstioCertificateResponse, requested_validity,
 };
-use meshkit_identity::{BoxFuture, CaSigner, SpiffeId, certs_to_pem};
+use meshkit_identity::{BoxFuture, CaSigner, ErrorChain, SpiffeId, certs_to_pem};
 use tonic::Status;
 
 /// Default validity of issued certificates when the request names none.
@@ -223,7 +223,7 @@ impl TokenSigner {
             return Err(Status::unauthenticated("unknown bootstrap token"));
         }
         let id = CaSigner::csr_spiffe_id(&request.csr)
-            .map_err(|e| Status::invalid_argument(error_chain(&e)))?;
+            .map_err(|e| Status::invalid_argument(ErrorChain(&e).to_string()))?;
         if id.trust_domain() != *self.ca.trust_domain() {
             return Err(Status::permission_denied(format!(
                 "{id} is not in trust domain {}",
@@ -240,7 +240,7 @@ impl TokenSigner {
         let mut chain = self
             .ca
             .sign_csr(&request.csr, &id, validity)
-            .map_err(|e| Status::invalid_argument(error_chain(&e)))?;
+            .map_err(|e| Status::invalid_argument(ErrorChain(&e).to_string()))?;
         // Istio's protocol: the chain ends with the root.
         chain.push(self.ca.root().clone());
         tracing::info!(%id, validity_secs = validity.as_secs(), "CA: certificate issued");
@@ -260,18 +260,6 @@ impl std::fmt::Debug for TokenSigner {
             .field("grants", &self.grants)
             .finish()
     }
-}
-
-/// `what failed: why: why`, each level once, for a gRPC status message.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 impl CertificateSigner for TokenSigner {

@@ -5,6 +5,7 @@
 //! ```text
 //! RouteLayer    host + path -> the Ingress backend         400 no host, 404 no route
 //! ResolveLayer  backend -> the service's endpoints         503 unknown service, port, endpoints
+//!               (both are FilterLayers: a RequestFilter passes the request on or answers)
 //! RewriteLayer  hop-by-hop headers out, X-Forwarded-* in;  the answer in the client's version
 //! Forward       endpoint by endpoint: a pooled backend connection or a new HBONE tunnel
 //! ```
@@ -12,9 +13,10 @@
 //! Every step answers errors itself (a short plain-text response with the status above) and
 //! never fails as a `Service`: the stack's error type is [`Infallible`].
 //!
-//! A new filter is one more `.layer(..)` in the stack's builder, between the steps whose
-//! results it needs; it reads the [`Client`], [`RouteTarget`] and [`ResolvedBackends`]
-//! extensions that the earlier steps leave, and answers or calls on.
+//! A new filter is a [`RequestFilter`] (or any `Layer` when it must see the response too),
+//! added as one more `.layer(..)` in the stack's builder between the steps whose results it
+//! needs; it reads the [`Client`], [`RouteTarget`] and [`ResolvedBackends`] extensions that
+//! the earlier steps leave.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -76,48 +78,86 @@ struct Config(Arc<Compiled>);
 /// Builds the gateway's stack over `shared`.
 pub(crate) fn build(shared: Arc<Shared>) -> Stack {
     tower::ServiceBuilder::new()
-        .layer(RouteLayer::new(shared.clone()))
-        .layer(ResolveLayer::new(shared.clone()))
+        .layer(FilterLayer::new(Route {
+            shared: shared.clone(),
+        }))
+        .layer(FilterLayer::new(Resolve {
+            shared: shared.clone(),
+        }))
         .layer(RewriteLayer)
         .service(Forward { shared })
 }
 
 /// The assembled stack.
-pub(crate) type Stack = Route<Resolve<Rewrite<Forward>>>;
+pub(crate) type Stack = Filtered<Route, Filtered<Resolve, Rewrite<Forward>>>;
 
-// === route ===
+// === filters ===
 
-/// Routes by host and path in the current route table (Kubernetes Ingress semantics).
-#[derive(Clone)]
-pub struct RouteLayer {
-    shared: Arc<Shared>,
+/// A step that looks at a request before the next one does: it annotates the request (its
+/// extensions, its headers) and passes it on, or answers it itself. Routing and resolving are
+/// filters; so is any check that needs nothing of the response.
+pub trait RequestFilter: Clone + Send + Sync + 'static {
+    /// Whether the request goes on, or what it is answered with instead.
+    fn filter(&self, req: &mut Request<Incoming>) -> Verdict;
 }
 
-/// The [`RouteLayer`] service.
-#[derive(Clone)]
-pub struct Route<S> {
-    shared: Arc<Shared>,
-    inner: S,
+/// What a [`RequestFilter`] decided.
+#[derive(Debug)]
+pub enum Verdict {
+    /// The request goes on to the next step.
+    Pass,
+    /// The request goes no further; this is the answer.
+    Answer(Response<Body>),
 }
 
-impl RouteLayer {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+impl From<Result<(), Response<Body>>> for Verdict {
+    fn from(result: Result<(), Response<Body>>) -> Self {
+        match result {
+            Ok(()) => Self::Pass,
+            Err(answer) => Self::Answer(answer),
+        }
     }
 }
 
-impl<S> Layer<S> for RouteLayer {
-    type Service = Route<S>;
-    fn layer(&self, inner: S) -> Route<S> {
-        Route {
-            shared: self.shared.clone(),
+/// A [`Layer`] that runs a [`RequestFilter`] before the service it wraps.
+#[derive(Debug, Clone)]
+pub struct FilterLayer<F> {
+    filter: F,
+}
+
+/// The service of a [`FilterLayer`].
+#[derive(Debug, Clone)]
+pub struct Filtered<F, S> {
+    filter: F,
+    inner: S,
+}
+
+/// Routes by host and path in the current route table (Kubernetes Ingress semantics).
+pub type RouteLayer = FilterLayer<Route>;
+
+/// Resolves the routed backend to its endpoints.
+pub type ResolveLayer = FilterLayer<Resolve>;
+
+impl<F> FilterLayer<F> {
+    /// A layer running `filter`.
+    pub fn new(filter: F) -> Self {
+        Self { filter }
+    }
+}
+
+impl<F: Clone, S> Layer<S> for FilterLayer<F> {
+    type Service = Filtered<F, S>;
+    fn layer(&self, inner: S) -> Filtered<F, S> {
+        Filtered {
+            filter: self.filter.clone(),
             inner,
         }
     }
 }
 
-impl<S> Service<Request<Incoming>> for Route<S>
+impl<F, S> Service<Request<Incoming>> for Filtered<F, S>
 where
+    F: RequestFilter,
     S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
         + Clone
         + Send
@@ -133,16 +173,43 @@ where
     }
 
     fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
-        let Some(host) = proxy::request_host(&req) else {
-            return ready(error(StatusCode::BAD_REQUEST, "no host in the request"));
-        };
+        match self.filter.filter(&mut req) {
+            Verdict::Pass => Box::pin(self.inner.call(req)),
+            Verdict::Answer(answer) => Box::pin(std::future::ready(Ok(answer))),
+        }
+    }
+}
+
+// === route ===
+
+/// The routing step: finds the Ingress backend for the request's host and path, and leaves a
+/// [`RouteTarget`] (400 without a host, 404 without a route or a service backend).
+#[derive(Clone)]
+pub struct Route {
+    shared: Arc<Shared>,
+}
+
+impl RequestFilter for Route {
+    fn filter(&self, req: &mut Request<Incoming>) -> Verdict {
+        self.route(req).into()
+    }
+}
+
+impl Route {
+    #[allow(clippy::result_large_err)] // the answer moves straight into the response
+    fn route(&self, req: &mut Request<Incoming>) -> Result<(), Response<Body>> {
+        let host = proxy::request_host(req)
+            .ok_or_else(|| error(StatusCode::BAD_REQUEST, "no host in the request"))?;
         let compiled = self.shared.current.borrow().clone();
-        let Some(route) = compiled.table.route(&host, req.uri().path()) else {
-            return ready(error(StatusCode::NOT_FOUND, "no route"));
-        };
-        let Some(backend) = route.backend().service.as_ref() else {
-            return ready(error(StatusCode::NOT_FOUND, "route has no service backend"));
-        };
+        let route = compiled
+            .table
+            .route(&host, req.uri().path())
+            .ok_or_else(|| error(StatusCode::NOT_FOUND, "no route"))?;
+        let backend = route
+            .backend()
+            .service
+            .as_ref()
+            .ok_or_else(|| error(StatusCode::NOT_FOUND, "route has no service backend"))?;
         let target = RouteTarget {
             namespace: route.namespace().to_owned(),
             service: backend.name.clone().unwrap_or_default(),
@@ -156,84 +223,56 @@ where
         };
         req.extensions_mut().insert(target);
         req.extensions_mut().insert(Config(compiled.clone()));
-        Box::pin(self.inner.call(req))
+        Ok(())
     }
 }
 
 // === resolve ===
 
-/// Resolves the routed backend service to its endpoints in the mesh, round-robin per
-/// service port.
+/// The resolving step: the routed backend service's endpoints in the mesh for the routed
+/// port, round-robin per service port, as [`ResolvedBackends`] (503 for an unknown service or
+/// port, or no endpoints).
 #[derive(Clone)]
-pub struct ResolveLayer {
+pub struct Resolve {
     shared: Arc<Shared>,
 }
 
-/// The [`ResolveLayer`] service.
-#[derive(Clone)]
-pub struct Resolve<S> {
-    shared: Arc<Shared>,
-    inner: S,
-}
-
-impl ResolveLayer {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+impl RequestFilter for Resolve {
+    fn filter(&self, req: &mut Request<Incoming>) -> Verdict {
+        self.resolve(req).into()
     }
 }
 
-impl<S> Layer<S> for ResolveLayer {
-    type Service = Resolve<S>;
-    fn layer(&self, inner: S) -> Resolve<S> {
-        Resolve {
-            shared: self.shared.clone(),
-            inner,
-        }
-    }
-}
-
-impl<S> Service<Request<Incoming>> for Resolve<S>
-where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-{
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
+impl Resolve {
+    #[allow(clippy::result_large_err)] // the answer moves straight into the response
+    fn resolve(&self, req: &mut Request<Incoming>) -> Result<(), Response<Body>> {
         let (Some(target), Some(Config(compiled))) = (
             req.extensions().get::<RouteTarget>(),
             req.extensions().get::<Config>(),
         ) else {
-            return ready(error(
+            return Err(error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "request not routed",
             ));
         };
         let Some(service) = compiled.index.service(&target.namespace, &target.service) else {
             tracing::info!(namespace = %target.namespace, service = %target.service, "backend service unknown");
-            return ready(error(
+            return Err(error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "backend service unknown",
             ));
         };
-        let Some(port) = service.port(target.port_number, target.port_name.as_deref()) else {
-            return ready(error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "backend service has no such port",
-            ));
-        };
+        let port = service
+            .port(target.port_number, target.port_name.as_deref())
+            .ok_or_else(|| {
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "backend service has no such port",
+                )
+            })?;
         let mut endpoints = compiled.index.endpoints(service, port);
         if endpoints.is_empty() {
-            return ready(error(StatusCode::SERVICE_UNAVAILABLE, "no endpoints"));
+            return Err(error(StatusCode::SERVICE_UNAVAILABLE, "no endpoints"));
         }
         let turn = self
             .shared
@@ -241,7 +280,7 @@ where
         let len = endpoints.len();
         endpoints.rotate_left(turn % len);
         req.extensions_mut().insert(ResolvedBackends { endpoints });
-        Box::pin(self.inner.call(req))
+        Ok(())
     }
 }
 

@@ -20,9 +20,7 @@ use meshkit_cli::{
 use meshkit_hbone::{Client, Target, copy_bidirectional};
 use tokio::net::TcpListener;
 
-/// The proxies move bulk data through HTTP/2's 1 MiB frame buffers, which glibc's allocator
-/// hands back to the kernel on free and page-faults in again for the next frame; mimalloc
-/// keeps them (docs/hbone.md, Allocator). The binary chooses the allocator, never a library.
+// mimalloc keeps the HTTP/2 frame buffers glibc would return to the kernel (docs/hbone.md).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
