@@ -35,7 +35,7 @@ use tower_service::Service;
 use crate::proxy::{self, Body, Exchange, error};
 use crate::{Compiled, Shared};
 
-/// The boxed future every step returns.
+/// The future of the last step, [`Forward`].
 pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
 /// The client connection a request came on (inserted by the listener, before the stack).
@@ -158,24 +158,48 @@ impl<F: Clone, S> Layer<S> for FilterLayer<F> {
 impl<F, S> Service<Request<Incoming>> for Filtered<F, S>
 where
     F: RequestFilter,
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
+    S::Future: Unpin,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = ResponseFuture;
+    type Future = FilterFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
+    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
         match self.filter.filter(&mut req) {
-            Verdict::Pass => Box::pin(self.inner.call(req)),
-            Verdict::Answer(answer) => Box::pin(std::future::ready(Ok(answer))),
+            Verdict::Pass => FilterFuture::Inner(self.inner.call(req)),
+            Verdict::Answer(answer) => FilterFuture::Answer(Some(answer)),
+        }
+    }
+}
+
+/// The future of a [`Filtered`] service: the next step's, or the filter's own answer. The
+/// steps' futures are plain values, not boxes, so a request through the stack allocates only
+/// for the forwarding at its end.
+#[derive(Debug)]
+pub enum FilterFuture<F> {
+    /// The request went on.
+    Inner(F),
+    /// The filter answered.
+    Answer(Option<Response<Body>>),
+}
+
+impl<F> Future for FilterFuture<F>
+where
+    F: Future<Output = Result<Response<Body>, Infallible>> + Unpin,
+{
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Self::Inner(inner) => Pin::new(inner).poll(cx),
+            Self::Answer(answer) => Poll::Ready(Ok(answer.take().unwrap_or_else(|| {
+                error(StatusCode::INTERNAL_SERVER_ERROR, "answer already taken")
+            }))),
         }
     }
 }
@@ -307,39 +331,58 @@ impl<S> Layer<S> for RewriteLayer {
 
 impl<S> Service<Request<Incoming>> for Rewrite<S>
 where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
+    S::Future: Unpin,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = ResponseFuture;
+    type Future = RewriteFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
+    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+        let version = req.version();
         let (Some(client), Some(target)) = (
             req.extensions().get::<Client>().copied(),
             req.extensions().get::<RouteTarget>(),
         ) else {
-            return ready(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "request not routed",
-            ));
+            return RewriteFuture {
+                inner: FilterFuture::Answer(Some(error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "request not routed",
+                ))),
+                version,
+            };
         };
         let host = target.host.clone();
-        let version = req.version();
         proxy::prepare(&mut req, &host, client.addr, client.scheme);
-        let answer = self.inner.call(req);
-        Box::pin(async move {
-            let mut resp = answer.await?;
-            *resp.version_mut() = version;
-            Ok(resp)
-        })
+        RewriteFuture {
+            inner: FilterFuture::Inner(self.inner.call(req)),
+            version,
+        }
+    }
+}
+
+/// The future of a [`Rewrite`] service: the next step's answer, in the client's HTTP version.
+#[derive(Debug)]
+pub struct RewriteFuture<F> {
+    inner: FilterFuture<F>,
+    version: http::Version,
+}
+
+impl<F> Future for RewriteFuture<F>
+where
+    F: Future<Output = Result<Response<Body>, Infallible>> + Unpin,
+{
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let mut resp = std::task::ready!(Pin::new(&mut this.inner).poll(cx))?;
+        *resp.version_mut() = this.version;
+        Poll::Ready(Ok(resp))
     }
 }
 
@@ -428,8 +471,4 @@ async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> 
 fn answered(_shared: &Shared, mut resp: Response<Body>, ep: &Endpoint) -> Response<Body> {
     proxy::name_backend(resp.headers_mut(), ep);
     resp
-}
-
-fn ready(resp: Response<Body>) -> ResponseFuture {
-    Box::pin(std::future::ready(Ok(resp)))
 }
