@@ -8,7 +8,7 @@
 //! - ADS: meshkit-xds-server's snapshot-cache server (SotW and Delta), pushing only what
 //!   changed; the workload API types come from meshkit-mesh.
 //! - [`ca`]: `IstioCertificateService/CreateCertificate` with bootstrap-token authorization,
-//!   signing with meshkit-identity's [`CaSigner`](meshkit_identity::CaSigner).
+//!   signing with meshkit-identity's [`CaSigner`].
 //!
 //! [`ControlPlane::start`] runs all of it: it loads the folder, serves ADS and the CA, and
 //! re-reads the folder when a file changes (polled every 200 ms by default; a change is
