@@ -213,6 +213,12 @@ impl TlsSettings {
     /// A server configuration that presents `identity` and requires clients `verifier`
     /// accepts.
     ///
+    /// TLS session resumption is off: the server keeps no sessions and sends no tickets, so
+    /// every connection runs a full handshake and the client's certificate is verified each
+    /// time. A resumed session would skip that check and let a client whose certificate has
+    /// since expired, or whose identity the verifier no longer accepts, back in for the
+    /// ticket's lifetime.
+    ///
     /// # Errors
     ///
     /// A rustls error when the provider does not support TLS 1.3.
@@ -227,6 +233,8 @@ impl TlsSettings {
             .with_client_cert_verifier(Arc::new(SpiffeClientVerifier::new(verifier)))
             .with_cert_resolver(Arc::new(SvidResolver::new(identity)));
         config.alpn_protocols = self.alpn.clone();
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
         Ok(config)
     }
 }

@@ -307,3 +307,39 @@ fn svid_and_configs_are_send_sync() {
     check::<meshkit_identity::SvidCache>();
     check::<VerifyError>();
 }
+
+/// A client offering the session of its first connection gets a full handshake on the
+/// second, with its certificate verified again: resumption would skip the client check.
+#[tokio::test]
+async fn a_second_connection_is_never_resumed() {
+    let pki = Pki::new();
+    let client = Arc::new(pki.client(WEB, Authorize::Exact(id(DB))));
+    let server = Arc::new(pki.server(DB, Authorize::Exact(id(WEB))));
+    for round in 0..3 {
+        let (c, s) = tokio::io::duplex(64 * 1024);
+        let (client_tls, server_tls) = tokio::join!(
+            TlsConnector::from(client.clone()).connect(name(), c),
+            TlsAcceptor::from(server.clone()).accept(s)
+        );
+        let (mut client_tls, mut server_tls) = (client_tls.unwrap(), server_tls.unwrap());
+        // Bytes both ways, so that any session ticket the server sent reaches the client
+        // before the next round.
+        server_tls.write_all(b"s").await.unwrap();
+        server_tls.flush().await.unwrap();
+        let mut byte = [0u8; 1];
+        client_tls.read_exact(&mut byte).await.unwrap();
+        client_tls.write_all(b"c").await.unwrap();
+        client_tls.flush().await.unwrap();
+        server_tls.read_exact(&mut byte).await.unwrap();
+        assert_eq!(
+            server_tls.get_ref().1.handshake_kind(),
+            Some(rustls::HandshakeKind::Full),
+            "connection {round} was resumed"
+        );
+        assert_eq!(
+            peer_spiffe_id(server_tls.get_ref().1).map(|p| p.to_string()),
+            Some(WEB.to_owned()),
+            "connection {round}: the client's identity is verified"
+        );
+    }
+}
