@@ -285,7 +285,14 @@ where
                 },
             };
             let _ = sock.set_nodelay(true);
-            let destination = sock.local_addr()?;
+            // One socket's failure is that connection's, never the listener's.
+            let destination = match sock.local_addr() {
+                Ok(destination) => destination,
+                Err(e) => {
+                    tracing::debug!(%source, error = %e, "accepted socket has no local address");
+                    continue;
+                }
+            };
             let task = this.clone();
             let drain_rx = drain_rx.clone();
             let mut abort = abort_rx.clone();

@@ -230,3 +230,63 @@ fn errors_name_what_to_fix() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected LISTEN=TARGET"));
 }
+
+/// Accept errors (here: out of file descriptors) are the moment's, not the listener's:
+/// `hbone-connect` logs them, backs off and keeps listening instead of exiting.
+#[test]
+fn connect_survives_accept_errors() {
+    let dir = temp_dir("emfile");
+    pki(&dir);
+    let d = |f: &str| dir.join(f).display().to_string();
+    // An HBONE "server" that never answers: the kernel completes TCP connects to it from its
+    // backlog, and every tunnel waits in the TLS handshake, holding its client's socket.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("silent listener");
+    let upstream = silent.local_addr().expect("silent address");
+    let local_port = free_port();
+    let log = dir.join("connect.log");
+    let mut connect = Proc(
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -n 48 && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_hbone-connect"))
+            .args([
+                "--listen".into(),
+                format!("127.0.0.1:{local_port}=127.0.0.1:9"),
+                "--upstream".into(),
+                upstream.to_string(),
+                "--cert".into(),
+                d("client.crt"),
+                "--key".into(),
+                d("client.key"),
+                "--ca".into(),
+                d("ca.crt"),
+                "--server-id".into(),
+                SERVER.into(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start hbone-connect"),
+    );
+    wait_port(local_port, Duration::from_secs(20));
+    // Twice as many connections as the program has descriptors.
+    let held: Vec<TcpStream> = (0..96)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", local_port)).ok())
+        .collect();
+    assert!(held.len() > 48, "only {} connections made", held.len());
+    std::thread::sleep(Duration::from_millis(1500));
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        connect.0.try_wait().expect("poll").is_none(),
+        "hbone-connect exited after accept errors:\n{}",
+        text()
+    );
+    assert!(
+        text().contains("accept failed"),
+        "no accept error logged:\n{}",
+        text()
+    );
+    drop(held);
+    drop(silent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

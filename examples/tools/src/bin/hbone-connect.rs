@@ -106,7 +106,16 @@ async fn accept_loop(
     template: Target,
 ) -> Result<(), CliError> {
     loop {
-        let (sock, source) = listener.accept().await?;
+        let (sock, source) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: the listener is fine, the moment is
+                // not. Back off instead of spinning, and never stop listening.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let _ = sock.set_nodelay(true);
         let client = client.clone();
         let target = template.clone().forwarded_for(source);
