@@ -37,7 +37,11 @@ fn pki(dir: &Path) {
 }
 
 fn echo_backend() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    echo_backend_on("127.0.0.1")
+}
+
+fn echo_backend_on(ip: &str) -> SocketAddr {
+    let listener = TcpListener::bind((ip, 0)).unwrap();
     let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
         for sock in listener.incoming() {
@@ -288,5 +292,76 @@ fn connect_survives_accept_errors() {
     );
     drop(held);
     drop(silent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `hbone-serve` forwards only to its own host by default: an admitted client asking for
+/// another address (here another loopback address, as it could ask for the CA's port) gets
+/// 403 and no bytes; `--allow-target` widens it.
+#[test]
+fn serve_forwards_only_to_allowed_targets() {
+    let dir = temp_dir("targets");
+    pki(&dir);
+    let d = |f: &str| dir.join(f).display().to_string();
+    let elsewhere = echo_backend_on("127.0.0.2");
+    for (round, widen) in [false, true].into_iter().enumerate() {
+        let (hbone_port, local_port) = (free_port(), free_port());
+        let mut args = vec![
+            "--listen".into(),
+            format!("127.0.0.1:{hbone_port}"),
+            "--cert".into(),
+            d("server.crt"),
+            "--key".into(),
+            d("server.key"),
+            "--ca".into(),
+            d("ca.crt"),
+            "--allow-id".into(),
+            CLIENT.into(),
+        ];
+        if widen {
+            args.extend(["--allow-target".into(), "127.0.0.2".into()]);
+        }
+        let serve_log = dir.join(format!("serve-{round}.log"));
+        let mut serve = spawn(env!("CARGO_BIN_EXE_hbone-serve"), &args, &serve_log);
+        wait_port(hbone_port, Duration::from_secs(20));
+        let connect_log = dir.join(format!("connect-{round}.log"));
+        let mut connect = spawn(
+            env!("CARGO_BIN_EXE_hbone-connect"),
+            &[
+                "--listen".into(),
+                format!("127.0.0.1:{local_port}={elsewhere}"),
+                "--upstream".into(),
+                format!("127.0.0.1:{hbone_port}"),
+                "--cert".into(),
+                d("client.crt"),
+                "--key".into(),
+                d("client.key"),
+                "--ca".into(),
+                d("ca.crt"),
+                "--server-id".into(),
+                SERVER.into(),
+            ],
+            &connect_log,
+        );
+        wait_log(&connect_log, "hbone-connect listening");
+        let mut sock = TcpStream::connect(("127.0.0.1", local_port)).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        sock.write_all(b"ping").unwrap();
+        sock.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut back = Vec::new();
+        let _ = sock.read_to_end(&mut back);
+        assert!(terminate(&mut connect).success());
+        assert!(terminate(&mut serve).success());
+        let log = std::fs::read_to_string(&serve_log).unwrap();
+        if widen {
+            assert_eq!(back, b"ping", "allowed target: the bytes come back\n{log}");
+        } else {
+            assert!(back.is_empty(), "refused target, yet bytes came back");
+            assert!(log.contains("target not allowed"), "{log}");
+            let connect_text = std::fs::read_to_string(&connect_log).unwrap();
+            assert!(connect_text.contains("403"), "{connect_text}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

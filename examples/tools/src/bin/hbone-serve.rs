@@ -7,16 +7,18 @@
 //!
 //! Logs one line per tunnel with the verified peer ID; drains and stops on SIGINT/SIGTERM.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use http::StatusCode;
 use meshkit_cli::{
     CliError, init_logging, load_bundle, load_svid, parse_id, run_main, stop_signal,
 };
-use meshkit_hbone::{ConnectRequest, Forward, Server, ServerConfig, decide_fn};
+use meshkit_hbone::{ConnectRequest, Decision, Forward, Server, ServerConfig, decide_fn};
 use meshkit_identity::{Authorize, SingleIdentity, SpiffeVerifier, TrustDomain};
 use tokio::net::TcpListener;
 
@@ -46,6 +48,12 @@ struct Args {
     /// Accept any client of this trust domain.
     #[arg(long = "allow-trust-domain")]
     allow_trust_domain: Option<String>,
+    /// A target tunnels may reach: `IP` (any port) or `IP:PORT` (repeatable). Default: the
+    /// listen address's own IP, or with 0.0.0.0 or [::] this host's loopback addresses.
+    /// Anything else gets 403: an admitted client must not use the server to reach every
+    /// service the host can (the CA, other proxies' ports).
+    #[arg(long = "allow-target", value_parser = parse_target_rule)]
+    allow_targets: Vec<TargetRule>,
     /// Send a PROXY protocol v2 header (with the client's SPIFFE ID) to each target.
     #[arg(long)]
     proxy_protocol: bool,
@@ -55,6 +63,45 @@ struct Args {
     /// Worker threads (1: everything on one thread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+}
+
+/// An address tunnels may reach: an IP, on any port or on one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TargetRule {
+    ip: IpAddr,
+    port: Option<u16>,
+}
+
+impl TargetRule {
+    fn admits(&self, target: SocketAddr) -> bool {
+        self.ip == target.ip() && self.port.is_none_or(|p| p == target.port())
+    }
+
+    /// The default: the listen address's own IP; when it listens on every address, this
+    /// host's loopback addresses.
+    fn defaults(listen: SocketAddr) -> Vec<Self> {
+        let any_port = |ip| Self { ip, port: None };
+        if listen.ip().is_unspecified() {
+            vec![
+                any_port(IpAddr::from([127, 0, 0, 1])),
+                any_port(IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
+            ]
+        } else {
+            vec![any_port(listen.ip())]
+        }
+    }
+}
+
+fn parse_target_rule(s: &str) -> Result<TargetRule, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(TargetRule {
+            ip: addr.ip(),
+            port: Some(addr.port()),
+        });
+    }
+    s.parse::<IpAddr>()
+        .map(|ip| TargetRule { ip, port: None })
+        .map_err(|_| format!("{s:?}: expected IP or IP:PORT ([IPv6]:PORT)"))
 }
 
 fn main() -> ExitCode {
@@ -83,10 +130,20 @@ async fn run(args: Args) -> Result<(), CliError> {
     let tls = meshkit_cli::tls_settings()
         .server_config(svid.clone(), SpiffeVerifier::new(bundles, authorize))?;
 
+    let allowed: Arc<[TargetRule]> = if args.allow_targets.is_empty() {
+        TargetRule::defaults(args.listen).into()
+    } else {
+        args.allow_targets.clone().into()
+    };
     let forward = Forward::new().with_proxy_protocol(args.proxy_protocol);
     let service = decide_fn(move |req: ConnectRequest| {
         let forward = forward.clone();
+        let allowed = allowed.clone();
         async move {
+            if !allowed.iter().any(|rule| rule.admits(req.target)) {
+                tracing::warn!(peer = %req.peer, source = %req.source, target = %req.target, "target not allowed (--allow-target); 403");
+                return Decision::refuse(StatusCode::FORBIDDEN);
+            }
             tracing::info!(peer = %req.peer, source = %req.source, target = %req.target, "tunnel");
             forward.decide(req).await
         }
