@@ -57,7 +57,12 @@ pub struct IstioCaClient {
     channel: Channel,
     token: Option<AsciiMetadataValue>,
     cluster_id: Option<AsciiMetadataValue>,
+    timeout: Duration,
 }
+
+/// How long one `CreateCertificate` call may take, connecting included, unless
+/// [`IstioCaClient::with_timeout`] says otherwise.
+pub const DEFAULT_CA_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl IstioCaClient {
     /// A client over `channel`, without credentials.
@@ -66,7 +71,17 @@ impl IstioCaClient {
             channel,
             token: None,
             cluster_id: None,
+            timeout: DEFAULT_CA_TIMEOUT,
         }
+    }
+
+    /// Bounds each call, connecting included (default [`DEFAULT_CA_TIMEOUT`]). A CA that
+    /// accepts and never answers then costs a retry with backoff (the call fails with
+    /// [`CaError::Unavailable`]) instead of holding the request, and whoever waits on it,
+    /// for ever. The bound is also sent as the call's gRPC deadline.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Sends `authorization: Bearer TOKEN` with every request.
@@ -97,6 +112,15 @@ impl IstioCaClient {
         &self,
         request: &CertificateRequest,
     ) -> Result<Vec<CertificateDer<'static>>, CaError> {
+        tokio::time::timeout(self.timeout, self.call(request))
+            .await
+            .map_err(|_| CaError::Unavailable(format!("no answer within {:?}", self.timeout)))?
+    }
+
+    async fn call(
+        &self,
+        request: &CertificateRequest,
+    ) -> Result<Vec<CertificateDer<'static>>, CaError> {
         let mut grpc = tonic::client::Grpc::new(self.channel.clone());
         grpc.ready()
             .await
@@ -105,6 +129,7 @@ impl IstioCaClient {
             csr: request.csr_pem.clone(),
             validity_duration: i64::try_from(request.validity.as_secs()).unwrap_or(i64::MAX),
         });
+        req.set_timeout(self.timeout);
         if let Some(token) = &self.token {
             req.metadata_mut().insert("authorization", token.clone());
         }

@@ -146,3 +146,29 @@ async fn unreachable_ca_is_unavailable() {
         .unwrap_err();
     assert!(matches!(err, CaError::Unavailable(_)), "{err:?}");
 }
+
+/// A CA that accepts connections and never answers: each call fails as unavailable within
+/// the client's timeout (and the cache retries) instead of hanging for ever.
+#[tokio::test]
+async fn a_silent_ca_times_out() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // Connections complete from the backlog; nothing is ever read or written.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    let client = IstioCaClient::new(channel).with_timeout(Duration::from_millis(300));
+    let td = TrustDomain::new("cluster.local").expect("td");
+    let id = SpiffeId::from_istio(&td, "shop", "web").expect("id");
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(5),
+        request_svid(&client, &id, Duration::from_secs(3600)),
+    )
+    .await
+    .expect("the call ends within its timeout, not never");
+    let err = outcome.expect_err("a silent CA signs nothing");
+    assert!(matches!(err, CaError::Unavailable(_)), "{err:?}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    drop(listener);
+}
