@@ -49,7 +49,7 @@ struct Args {
     #[arg(long = "allow-trust-domain")]
     allow_trust_domain: Option<String>,
     /// A target tunnels may reach: `IP` (any port) or `IP:PORT` (repeatable). Default: the
-    /// listen address's own IP, or with 0.0.0.0 or [::] this host's loopback addresses.
+    /// listen address's own IP, or with `0.0.0.0` or `[::]` this host's loopback addresses.
     /// Anything else gets 403: an admitted client must not use the server to reach every
     /// service the host can (the CA, other proxies' ports).
     #[arg(long = "allow-target", value_parser = parse_target_rule)]
