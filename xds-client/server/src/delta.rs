@@ -8,6 +8,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 
 use crate::config::ServerConfig;
 use crate::error::RequestError;
+use crate::screen::{Seen, screen};
 use crate::snapshot::Snapshot;
 
 /// Delta protocol state of one stream: requests and snapshots in, responses out.
@@ -107,30 +108,22 @@ impl DeltaStream {
     /// stream's state is unchanged (the node is still recorded). The server ends the stream
     /// with the error's status.
     pub fn try_handle_request(&mut self, req: DeltaDiscoveryRequest) -> Result<(), RequestError> {
-        if let Some(node) = &req.node
-            && self.node.is_empty()
-        {
-            self.node = node.id.clone();
-            tracing::info!(node = %self.node, "Delta ADS stream opened");
-        }
-        if let Some(error) = &req.error_detail {
-            tracing::warn!(
-                node = %self.node, type_url = %req.type_url, nonce = %req.response_nonce,
-                error = %error.message, "NACK: client rejected configuration"
-            );
-        } else if !req.response_nonce.is_empty() {
-            tracing::debug!(node = %self.node, type_url = %req.type_url, nonce = %req.response_nonce, "ACK");
-        }
-        if req.type_url.is_empty() {
-            return Err(RequestError::MissingTypeUrl);
-        }
-        let first = !self.types.contains_key(&req.type_url);
-        if first && self.types.len() >= self.max_types {
-            return Err(RequestError::TooManyTypes {
-                type_url: req.type_url,
-                limit: self.max_types,
-            });
-        }
+        let seen = Seen {
+            variant: "Delta",
+            node: req.node.as_ref(),
+            type_url: &req.type_url,
+            nonce: &req.response_nonce,
+            version: "",
+            error: req.error_detail.as_ref().map(|e| e.message.as_str()),
+        };
+        let known = self.types.contains_key(&req.type_url);
+        let first = screen(
+            &mut self.node,
+            seen,
+            known,
+            self.types.len(),
+            self.max_types,
+        )?;
         let sub = self.types.entry(req.type_url).or_default();
         if first {
             sub.legacy = true;

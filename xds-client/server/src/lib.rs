@@ -85,6 +85,7 @@ mod delta;
 mod error;
 mod io;
 mod observer;
+mod screen;
 pub mod snapshot;
 mod sotw;
 

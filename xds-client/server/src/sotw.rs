@@ -7,6 +7,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 
 use crate::config::ServerConfig;
 use crate::error::RequestError;
+use crate::screen::{Seen, screen};
 use crate::snapshot::{Snapshot, TypeSnapshot, VersionedResource};
 
 /// State-of-the-World protocol state of one stream: requests and snapshots in, responses out.
@@ -105,31 +106,22 @@ impl SotwStream {
     /// stream's state is unchanged (the node is still recorded). The server ends the stream
     /// with the error's status.
     pub fn try_handle_request(&mut self, req: DiscoveryRequest) -> Result<(), RequestError> {
-        if let Some(node) = &req.node
-            && self.node.is_empty()
-        {
-            self.node = node.id.clone();
-            tracing::info!(node = %self.node, "SotW ADS stream opened");
-        }
-        if let Some(error) = &req.error_detail {
-            tracing::warn!(
-                node = %self.node, type_url = %req.type_url, nonce = %req.response_nonce,
-                version = %req.version_info, error = %error.message,
-                "NACK: client rejected configuration"
-            );
-        } else if !req.response_nonce.is_empty() {
-            tracing::debug!(node = %self.node, type_url = %req.type_url, version = %req.version_info, "ACK");
-        }
-        if req.type_url.is_empty() {
-            return Err(RequestError::MissingTypeUrl);
-        }
-        if !self.types.contains_key(&req.type_url) && self.types.len() >= self.max_types {
-            return Err(RequestError::TooManyTypes {
-                type_url: req.type_url,
-                limit: self.max_types,
-            });
-        }
-        let first = !self.types.contains_key(&req.type_url);
+        let seen = Seen {
+            variant: "SotW",
+            node: req.node.as_ref(),
+            type_url: &req.type_url,
+            nonce: &req.response_nonce,
+            version: &req.version_info,
+            error: req.error_detail.as_ref().map(|e| e.message.as_str()),
+        };
+        let known = self.types.contains_key(&req.type_url);
+        let first = screen(
+            &mut self.node,
+            seen,
+            known,
+            self.types.len(),
+            self.max_types,
+        )?;
         let sub = self.types.entry(req.type_url).or_default();
         let mut names: BTreeSet<String> = req.resource_names.into_iter().collect();
         let star = names.remove("*");
