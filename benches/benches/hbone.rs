@@ -1,6 +1,8 @@
 //! meshkit-hbone on loopback, each beside its baseline in the same run: bulk throughput
 //! (raw TCP, plain rustls TLS 1.3, HBONE), 1 KiB round trips (TLS, HBONE), and tunnel opening
-//! on a warm pooled connection and on a cold one. Each end runs on a thread of its own (see
+//! on a warm pooled connection and on a cold one, and 64 MiB from server to client through a
+//! tunnel whose connection carries ten stalled tunnels (readers that never read) beside the
+//! same on a connection of its own. Each end runs on a thread of its own (see
 //! `Ends`), except in the `round_trip_1kib_1thread` group, which puts both on one thread to
 //! compare CPU per round trip.
 //!
@@ -262,15 +264,37 @@ async fn tls_connect<IO: AsyncRead + AsyncWrite + Unpin>(
     tls
 }
 
-/// An HBONE server on `server` whose tunnels run `Peer::Sink` for target port 1 and
-/// `Peer::Echo` else.
+/// Sends `blocks` times the 1 MiB `block` (without copying), then END_STREAM; stops at the
+/// first error.
+async fn hbone_push(tunnel: meshkit_hbone::Tunnel, block: Bytes, blocks: usize) {
+    let (_recv, mut send) = tunnel.into_split();
+    for _ in 0..blocks {
+        if send.send(block.clone()).await.is_err() {
+            return;
+        }
+    }
+    let _ = send.finish();
+}
+
+/// Target port of a tunnel whose server pushes `BULK` bytes to the client, then ends.
+const PUSH: u16 = 3;
+/// Target port of a tunnel whose server pushes without end (its client never reads).
+const PUSH_FOREVER: u16 = 4;
+
+/// An HBONE server on `server` whose tunnels run `Peer::Sink` for target port 1, push to the
+/// client for `PUSH` and `PUSH_FOREVER`, and run `Peer::Echo` else.
 fn hbone_server(server: &Handle, pki: &Pki) -> SocketAddr {
     let (l, addr) = listener();
-    let service = decide_fn(|req: meshkit_hbone::ConnectRequest| async move {
-        if req.target.port() == 1 {
-            Decision::accept(hbone_sink)
-        } else {
-            Decision::accept(|tunnel| serve_peer(tunnel, Peer::Echo))
+    let block = Bytes::from(vec![0x5au8; CHUNK]);
+    let service = decide_fn(move |req: meshkit_hbone::ConnectRequest| {
+        let block = block.clone();
+        async move {
+            match req.target.port() {
+                1 => Decision::accept(hbone_sink),
+                PUSH => Decision::accept(move |t| hbone_push(t, block, BULK / CHUNK)),
+                PUSH_FOREVER => Decision::accept(move |t| hbone_push(t, block, usize::MAX)),
+                _ => Decision::accept(|tunnel| serve_peer(tunnel, Peer::Echo)),
+            }
         }
     });
     let hbone = Server::new(
@@ -496,7 +520,77 @@ fn bench_open(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_throughput, bench_round_trip, bench_open);
+/// A target on the HBONE server `server` at `port`.
+fn port_target(server: SocketAddr, port: u16) -> Target {
+    Target::new(
+        server,
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        id(CLIENT),
+        id(SERVER),
+    )
+}
+
+/// Opens a tunnel on `client` whose server pushes `BULK` bytes, and reads them to the end as
+/// HTTP/2 delivers them.
+async fn pull_bulk(client: &Client, server: SocketAddr) {
+    let tunnel = client.open(port_target(server, PUSH)).await.unwrap();
+    let (mut recv, _send) = tunnel.into_split();
+    let mut seen = 0;
+    while let Some(chunk) = recv.chunk().await.unwrap() {
+        seen += chunk.len();
+    }
+    assert_eq!(seen, BULK);
+}
+
+/// 64 MiB to the client through an eleventh tunnel whose connection carries ten stalled
+/// tunnels (their server pushes, their client never reads), beside the baseline: the same
+/// through a tunnel on a connection of its own.
+fn bench_stalled_readers(c: &mut Criterion) {
+    let ends = Ends::new();
+    let (rt, handle) = (&ends.client, &ends.server);
+    let pki = Pki::new();
+    let server = hbone_server(handle, &pki);
+    let (alone, shared, _stalled) = rt.block_on(async {
+        let (alone, shared) = (pki.client(), pki.client());
+        pull_bulk(&alone, server).await;
+        let mut stalled = Vec::new();
+        for _ in 0..10 {
+            stalled.push(
+                shared
+                    .open(port_target(server, PUSH_FOREVER))
+                    .await
+                    .unwrap(),
+            );
+        }
+        // Let the ten fill their stream windows.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        (alone, shared, stalled)
+    });
+    let mut g = c.benchmark_group("stalled_readers");
+    g.throughput(Throughput::Bytes(BULK as u64));
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(8));
+    g.bench_function("none", |b| {
+        b.iter(|| rt.block_on(pull_bulk(&alone, server)))
+    });
+    g.bench_function("ten_stalled", |b| {
+        b.iter(|| rt.block_on(pull_bulk(&shared, server)))
+    });
+    g.finish();
+    assert_eq!(
+        shared.connections_opened(),
+        1,
+        "the eleventh shares the stalled connection"
+    );
+}
+
+criterion_group!(
+    benches,
+    bench_throughput,
+    bench_round_trip,
+    bench_open,
+    bench_stalled_readers
+);
 
 /// `HBONE_PROFILE_RTT=tls:N` or `hbone:N`: runs N 1 KiB round trips on one thread and exits,
 /// without criterion, so that `valgrind --tool=callgrind` can count the instructions each
@@ -570,6 +664,11 @@ fn main() {
             group: "tunnel_open",
             subject: "cold",
             baseline: "tls_handshake",
+        },
+        Ratio {
+            group: "stalled_readers",
+            subject: "ten_stalled",
+            baseline: "none",
         },
     ]);
 }

@@ -19,6 +19,7 @@ use meshkit_identity::{
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tower_service::Service;
@@ -308,6 +309,14 @@ impl ClientConfig {
 ///   share the new connection.
 /// - Connections that received GOAWAY, failed, stopped answering PINGs or stayed idle past the
 ///   idle timeout leave the pool.
+/// - A key whose local identity's certificate source has ended (a rotating SVID whose
+///   [`SvidCache`] forgot the identity) is dropped with its connections and cached TLS
+///   configuration: the next tunnel for it asks the [`IdentityProvider`] again, on a new
+///   connection. [`Client::forget_identity`] does the same on demand.
+/// - The pool's map stays bounded while identities and peers come and go: whenever it has
+///   grown to twice its size after the last sweep (and to at least 64 keys), keys
+///   without live connections or with an ended identity are dropped
+///   ([`Client::pool_entries`]).
 ///
 /// Cheap to clone; clones share the pool.
 pub struct Client<C: Connect = TcpConnector> {
@@ -319,16 +328,72 @@ struct Inner<C> {
     connector: C,
     identities: Arc<dyn IdentityProvider>,
     bundles: Arc<TrustBundleSet>,
-    pool: Mutex<HashMap<PoolKey, Arc<Entry>>>,
+    pool: Mutex<Pool>,
     opened: AtomicU64,
 }
+
+/// The pool's keys, and the size at which it is next swept.
+#[derive(Default)]
+struct Pool {
+    entries: HashMap<PoolKey, Arc<Entry>>,
+    sweep_at: usize,
+}
+
+/// The pool is swept of unused keys once it holds this many (or twice as many as after the
+/// last sweep, whichever is more). Stated in [`Client`]'s docs.
+const POOL_SWEEP_MIN: usize = 64;
 
 #[derive(Default)]
 struct Entry {
     conns: Mutex<Vec<Arc<Conn>>>,
     /// Held while a connection for this key is being established.
     connecting: tokio::sync::Mutex<()>,
-    tls: OnceLock<Arc<rustls::ClientConfig>>,
+    /// The TLS configuration for this key, and the rotating SVID it presents (if it rotates).
+    tls: OnceLock<(Arc<rustls::ClientConfig>, Option<Rotating>)>,
+}
+
+/// The channel of a rotating SVID: ended when its sender (the renewal task) is gone.
+type Rotating = watch::Receiver<Arc<X509Svid>>;
+
+impl Entry {
+    /// Whether the SVID this key presents is no longer renewed: its rotating source ended.
+    fn identity_ended(&self) -> bool {
+        self.tls
+            .get()
+            .and_then(|(_, rx)| rx.as_ref())
+            .is_some_and(|rx| rx.has_changed().is_err())
+    }
+
+    fn has_live_connections(&self) -> bool {
+        lock(&self.conns)
+            .iter()
+            .any(|c| !c.state.closed.load(Ordering::SeqCst))
+    }
+}
+
+impl Pool {
+    /// The entry for `key`, a fresh one if its identity ended; sweeps first when due.
+    fn entry(&mut self, key: PoolKey) -> Arc<Entry> {
+        if self.entries.len() >= self.sweep_at.max(POOL_SWEEP_MIN) {
+            self.sweep();
+        }
+        let entry = self.entries.entry(key).or_default();
+        if entry.identity_ended() {
+            *entry = Arc::default();
+        }
+        entry.clone()
+    }
+
+    /// Drops the keys no caller holds that have no live connection, and those whose identity
+    /// ended. An entry held by a caller (a handshake in progress) stays, so that one key
+    /// never has two handshakes at once.
+    fn sweep(&mut self) {
+        self.entries.retain(|_, entry| {
+            let unused = Arc::strong_count(entry) == 1 && !entry.has_live_connections();
+            !unused && !entry.identity_ended()
+        });
+        self.sweep_at = self.entries.len() * 2;
+    }
 }
 
 struct Conn {
@@ -405,9 +470,25 @@ impl<C: Connect> Client<C> {
         self.inner.opened.load(Ordering::Relaxed)
     }
 
+    /// Keys in the pool now (each with its connections and one cached TLS configuration).
+    /// Bounded under churn: see the type's docs.
+    pub fn pool_entries(&self) -> usize {
+        lock(&self.inner.pool).entries.len()
+    }
+
+    /// Drops every pool key whose local identity is `id`, with its cached TLS configuration:
+    /// the next tunnel presenting `id` asks the [`IdentityProvider`] again, on a new
+    /// connection. Tunnels already open are not affected. Keys of a forgotten [`SvidCache`]
+    /// identity are dropped without this call.
+    pub fn forget_identity(&self, id: &SpiffeId) {
+        lock(&self.inner.pool)
+            .entries
+            .retain(|key, _| key.local != *id);
+    }
+
     /// Connections in the pool now, across all keys.
     pub fn pooled_connections(&self) -> usize {
-        let entries: Vec<_> = lock(&self.inner.pool).values().cloned().collect();
+        let entries: Vec<_> = lock(&self.inner.pool).entries.values().cloned().collect();
         entries
             .iter()
             .map(|e| {
@@ -432,7 +513,7 @@ impl<C: Connect> Client<C> {
     /// of the target's identities), HTTP/2, or a CONNECT status other than 200.
     pub async fn open(&self, target: Target) -> Result<Tunnel, Error> {
         let key = target.pool_key();
-        let entry = lock(&self.inner.pool).entry(key).or_default().clone();
+        let entry = lock(&self.inner.pool).entry(key);
         // A pooled connection may turn out to be gone (GOAWAY, reset): then try a new one once.
         // A failure on a connection made for this very request is final.
         for attempt in 0..2 {
@@ -469,7 +550,7 @@ impl<C: Connect> Client<C> {
     async fn connect(&self, entry: &Entry, target: &Target) -> Result<Arc<Conn>, Error> {
         let config = &self.inner.config;
         let tls = match entry.tls.get() {
-            Some(tls) => tls.clone(),
+            Some((tls, _)) => tls.clone(),
             None => {
                 let source = self
                     .inner
@@ -477,6 +558,10 @@ impl<C: Connect> Client<C> {
                     .svid(&target.local_identity)
                     .await
                     .map_err(|e| Error::new(Kind::LocalIdentity(e)))?;
+                let rotating = match &source {
+                    SvidSource::Rotating(rx) => Some(rx.clone()),
+                    SvidSource::Fixed(_) => None,
+                };
                 let verifier = SpiffeVerifier::new(
                     self.inner.bundles.clone(),
                     Authorize::OneOf(target.peer_identities.clone()),
@@ -487,7 +572,11 @@ impl<C: Connect> Client<C> {
                     .map_err(|e| Error::new(Kind::Tls(io::Error::other(e))))?;
                 // Every connection verifies the peer in full: no session resumption.
                 tls.resumption = rustls::client::Resumption::disabled();
-                entry.tls.get_or_init(|| Arc::new(tls)).clone()
+                entry
+                    .tls
+                    .get_or_init(|| (Arc::new(tls), rotating))
+                    .0
+                    .clone()
             }
         };
         let io = tokio::time::timeout(

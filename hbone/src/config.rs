@@ -15,15 +15,21 @@ pub const TLS_WRITE_BUFFER: usize = 256 * 1024;
 
 /// HTTP/2 settings of an HBONE connection.
 ///
-/// Defaults are sized for bulk tunnels on fast links: a 4 MiB stream window, a 16 MiB
-/// connection window (four times the stream window: with equal windows, one stalled reader can
-/// take the whole connection window and block every other stream), and 1 MiB frames.
+/// Defaults are sized for bulk tunnels on fast links: a 4 MiB stream window, a 64 MiB
+/// connection window, and 1 MiB frames.
+///
+/// A tunnel whose reader has stopped holds at most one stream window of the connection window
+/// (h2 gives connection credit back only as the reader consumes data). With the connection
+/// window sixteen stream windows wide, up to fifteen stalled readers on one connection leave a
+/// full stream window to every other tunnel, which then moves at full rate; this is also the
+/// most a peer can make one connection buffer on the receiving side (64 MiB).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct H2Settings {
     /// Initial flow-control window of each stream, in bytes. Default: 4 MiB.
     pub stream_window: u32,
-    /// Flow-control window of the connection, in bytes. Default: 16 MiB.
+    /// Flow-control window of the connection, in bytes: the most data received on one
+    /// connection and not yet read, all tunnels together. Default: 64 MiB (16 stream windows).
     pub connection_window: u32,
     /// Largest frame payload accepted, in bytes. Default: 1 MiB.
     pub max_frame_size: u32,
@@ -31,6 +37,11 @@ pub struct H2Settings {
     pub max_header_list_size: u32,
     /// Largest amount of data buffered per stream waiting for send capacity. Default: 1 MiB.
     pub max_send_buffer: usize,
+    /// Largest amount of data one server connection's tunnels may have handed to HTTP/2 and
+    /// not yet written to TLS, all streams together. A tunnel that would pass it waits until
+    /// the socket takes data. Default: 16 MiB. (Without it, 2,000 streams of a peer that stops
+    /// reading its socket could queue 1 MiB each.)
+    pub max_connection_send_buffer: usize,
     /// Interval between keepalive PINGs. Default: 10 s.
     pub keepalive_interval: Duration,
     /// A connection whose PING is not answered within this time is closed. Default: 20 s.
@@ -41,10 +52,11 @@ impl Default for H2Settings {
     fn default() -> Self {
         Self {
             stream_window: 4 * 1024 * 1024,
-            connection_window: 16 * 1024 * 1024,
+            connection_window: 64 * 1024 * 1024,
             max_frame_size: 1024 * 1024,
             max_header_list_size: 64 * 1024,
             max_send_buffer: 1024 * 1024,
+            max_connection_send_buffer: 16 * 1024 * 1024,
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(20),
         }
@@ -69,6 +81,14 @@ impl H2Settings {
     pub fn with_keepalive(mut self, interval: Duration, timeout: Duration) -> Self {
         self.keepalive_interval = interval;
         self.keepalive_timeout = timeout;
+        self
+    }
+
+    /// Sets the largest amount of data buffered per stream, and per server connection (all its
+    /// streams), waiting to be written.
+    pub fn with_send_buffers(mut self, per_stream: usize, per_connection: usize) -> Self {
+        self.max_send_buffer = per_stream;
+        self.max_connection_send_buffer = per_connection;
         self
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use h2::Reason;
 use http::StatusCode;
 use meshkit_identity::BoxFuture;
 use tokio::io::AsyncWriteExt;
@@ -127,15 +128,17 @@ impl Forward {
         let header = self
             .proxy_protocol
             .then(|| proxy_protocol::header(req.source, req.target, &req.peer));
-        Decision::accept(move |tunnel| async move {
-            let (reader, mut writer) = upstream.into_split();
+        Decision::accept(move |mut tunnel| async move {
+            let mut upstream = upstream;
             if let Some(header) = header
-                && let Err(e) = writer.write_all(&header).await
+                && let Err(e) = upstream.write_all(&header).await
             {
                 tracing::debug!(error = %e, "writing PROXY header failed");
+                tunnel.reset(Reason::CONNECT_ERROR);
+                let _ = upstream.set_zero_linger();
                 return;
             }
-            match copy_bidirectional(tunnel, reader, writer).await {
+            match copy_bidirectional(tunnel, upstream).await {
                 Ok(copied) => tracing::debug!(
                     peer = %req.peer,
                     target = %req.target,
@@ -143,7 +146,11 @@ impl Forward {
                     received = copied.to_tunnel,
                     "HBONE tunnel closed"
                 ),
-                Err(e) => tracing::debug!(target = %req.target, error = %e, "HBONE tunnel failed"),
+                Err(e) => tracing::debug!(
+                    target = %req.target,
+                    error = %meshkit_identity::ErrorChain(&e),
+                    "HBONE tunnel reset"
+                ),
             }
         })
     }

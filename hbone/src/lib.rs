@@ -9,9 +9,12 @@
 //!   [`meshkit_identity::CertSelector`], requires the client's SPIFFE certificate, serves
 //!   HTTP/2 and hands each CONNECT ([`ConnectRequest`]) to a `tower::Service` that returns a
 //!   [`Decision`]. [`Forward`] is the ready-made service that dials the target and copies.
-//! - [`Tunnel`]: END_STREAM is half-close; NO_ERROR/CANCEL resets read as EOF; flow-control
-//!   credit is released as data is read; [`SendHalf::send`] passes `Bytes` without copying.
-//! - [`copy_bidirectional`]: tunnel ⇄ socket with adaptive buffers and half-close both ways.
+//! - [`Tunnel`]: END_STREAM is half-close and the only EOF; a reset before it is an error;
+//!   flow-control credit is released as data is read; [`SendHalf::send`] passes `Bytes`
+//!   without copying.
+//! - [`copy_bidirectional`]: tunnel ⇄ TCP socket with adaptive buffers, half-close both ways,
+//!   and resets carried across: a socket error resets the tunnel (CONNECT_ERROR), a tunnel
+//!   reset resets the socket (RST), as RFC 9113 section 8.5 asks.
 //! - [`proxy_protocol`]: PROXY v2 headers carrying the peer's SPIFFE ID (TLV 0xD0).
 //! - [`Executor`]: where the background tasks of both ends run (client connection drivers,
 //!   server connections and streams), as hyper takes one; [`TokioExecutor`] (`tokio::spawn`)
@@ -73,11 +76,13 @@
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod budget;
 mod client;
 mod config;
 mod copy;
 mod error;
 mod forward;
+mod io;
 mod keepalive;
 pub mod proxy_protocol;
 mod rt;
@@ -88,7 +93,7 @@ pub use client::{
     Client, ClientConfig, Connect, IdentityProvider, Target, TcpConnector, TunnelConnector,
 };
 pub use config::{H2Settings, TLS_READ_BUFFER, TLS_WRITE_BUFFER};
-pub use copy::{Copied, copy_bidirectional, socket_to_tunnel, tunnel_to_socket};
+pub use copy::{Copied, CopyError, Side, copy_bidirectional, socket_to_tunnel, tunnel_to_socket};
 pub use error::Error;
 pub use forward::Forward;
 pub use rt::{Executor, TokioExecutor};

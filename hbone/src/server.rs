@@ -1,11 +1,12 @@
 //! The HBONE server: TLS with a certificate chosen per connection, the client's SPIFFE
 //! certificate required, HTTP/2, and each CONNECT handed to a `tower::Service` that decides.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -15,14 +16,16 @@ use h2::RecvStream;
 use h2::server::SendResponse;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use meshkit_identity::{AcceptError, BoxFuture, CertSelector, SpiffeId, accept, peer_spiffe_id};
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::budget::SendBudget;
 use crate::config::H2Settings;
 use crate::error::{Error, Kind};
+use crate::io::{Frames, LazyReadBuffer};
 use crate::keepalive::keepalive;
 use crate::rt::{Exec, Executor};
 use crate::tunnel::Tunnel;
@@ -103,6 +106,16 @@ pub struct ServerConfig {
     pub h2: H2Settings,
     /// Time allowed for the TLS handshake. Default: 10 s.
     pub handshake_timeout: Duration,
+    /// Time allowed, once TLS is done, for the client's whole HTTP/2 preface (the magic string
+    /// and its SETTINGS frame); a connection that takes longer is closed. Default: 10 s.
+    pub preface_timeout: Duration,
+    /// Time allowed, once TLS is done, for the first CONNECT; a connection that opens no
+    /// stream in time is closed. Default: 10 s.
+    pub first_stream_timeout: Duration,
+    /// Connections from one source IP that may be in the TLS handshake at once (accepted and
+    /// not yet authenticated); sockets past it are closed at once, so that one source cannot
+    /// hold the connection slots. Default: 128.
+    pub max_handshakes_per_source: usize,
     /// Concurrent streams allowed per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
     /// Default: 2,000.
     pub max_streams_per_connection: u32,
@@ -120,6 +133,9 @@ impl Default for ServerConfig {
         Self {
             h2: H2Settings::default(),
             handshake_timeout: Duration::from_secs(10),
+            preface_timeout: Duration::from_secs(10),
+            first_stream_timeout: Duration::from_secs(10),
+            max_handshakes_per_source: 128,
             max_streams_per_connection: 2_000,
             max_connections: 10_000,
             idle_timeout: Duration::from_secs(300),
@@ -138,6 +154,25 @@ impl ServerConfig {
     /// Sets the TLS handshake timeout.
     pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
         self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Sets the time allowed for the client's HTTP/2 preface once TLS is done.
+    pub fn with_preface_timeout(mut self, timeout: Duration) -> Self {
+        self.preface_timeout = timeout;
+        self
+    }
+
+    /// Sets the time allowed for the first CONNECT once TLS is done.
+    pub fn with_first_stream_timeout(mut self, timeout: Duration) -> Self {
+        self.first_stream_timeout = timeout;
+        self
+    }
+
+    /// Sets how many connections from one source IP may be in the TLS handshake at once (at
+    /// least 1).
+    pub fn with_max_handshakes_per_source(mut self, max: usize) -> Self {
+        self.max_handshakes_per_source = max.max(1);
         self
     }
 
@@ -175,6 +210,7 @@ pub struct ServerStats {
     accepted: AtomicU64,
     open: AtomicUsize,
     handshake_failures: AtomicU64,
+    refused_per_source: AtomicU64,
     streams: AtomicU64,
 }
 
@@ -192,6 +228,12 @@ impl ServerStats {
     /// Connections whose TLS handshake failed or timed out.
     pub fn handshake_failures(&self) -> u64 {
         self.handshake_failures.load(Ordering::Relaxed)
+    }
+
+    /// Sockets closed on accept because their source IP had
+    /// [`ServerConfig::max_handshakes_per_source`] handshakes in progress.
+    pub fn refused_per_source(&self) -> u64 {
+        self.refused_per_source.load(Ordering::Relaxed)
     }
 
     /// Streams (requests) received so far.
@@ -263,6 +305,7 @@ where
         // whichever executor runs them.
         let (done_tx, mut done_rx) = mpsc::channel::<Infallible>(1);
         let slots = Arc::new(Semaphore::new(this.config.max_connections));
+        let handshaking = Arc::new(Handshaking::default());
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let slot = tokio::select! {
@@ -284,6 +327,15 @@ where
                     }
                 },
             };
+            let Some(admitted) =
+                handshaking.admit(source.ip(), this.config.max_handshakes_per_source)
+            else {
+                this.stats
+                    .refused_per_source
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%source, "too many handshakes from this source; closing");
+                continue;
+            };
             let _ = sock.set_nodelay(true);
             // One socket's failure is that connection's, never the listener's.
             let destination = match sock.local_addr() {
@@ -300,7 +352,7 @@ where
             this.config.executor.execute(async move {
                 let (_done, _slot) = (done, slot);
                 tokio::select! {
-                    result = task.serve_io(sock, source, destination, drain_rx) => {
+                    result = task.serve_io(sock, source, destination, drain_rx, Some(admitted)) => {
                         if let Err(e) = result {
                             tracing::debug!(%source, error = %ErrorChain(&e), "HBONE connection ended with an error");
                         }
@@ -350,7 +402,7 @@ where
         IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let (_tx, rx) = watch::channel(false);
-        self.serve_io(io, source, destination, rx).await
+        self.serve_io(io, source, destination, rx, None).await
     }
 
     async fn serve_io<IO>(
@@ -359,6 +411,7 @@ where
         source: SocketAddr,
         destination: SocketAddr,
         mut drain: watch::Receiver<bool>,
+        admitted: Option<Admitted>,
     ) -> Result<(), Error>
     where
         IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -369,7 +422,8 @@ where
             self.config.handshake_timeout,
             accept(
                 &*self.selector,
-                BufReader::with_capacity(crate::TLS_READ_BUFFER, io),
+                // No read buffer until TLS is done: a socket that never authenticates costs none.
+                LazyReadBuffer::new(io),
                 source,
                 destination,
             ),
@@ -377,9 +431,9 @@ where
         .await;
         let tls = match handshake {
             Ok(Ok((mut tls, _info))) => {
-                tls.get_mut()
-                    .1
-                    .set_buffer_limit(Some(crate::TLS_WRITE_BUFFER));
+                let (io, session) = tls.get_mut();
+                io.enable();
+                session.set_buffer_limit(Some(crate::TLS_WRITE_BUFFER));
                 tls
             }
             Ok(Err(e)) => {
@@ -399,6 +453,9 @@ where
                 return Err(Error::new(Kind::Timeout("TLS handshake")));
             }
         };
+        // Authenticated (or failed): no longer counted against the source's handshakes.
+        drop(admitted);
+        let authenticated = Instant::now();
         let Some(peer) = peer_spiffe_id(tls.get_ref().1) else {
             // Only reachable with a selector whose configs do not require SPIFFE clients.
             return Err(Error::new(Kind::Tls(std::io::Error::other(
@@ -410,7 +467,16 @@ where
             .config
             .h2
             .server_builder(self.config.max_streams_per_connection);
-        let mut conn = builder.handshake::<_, Bytes>(tls).await?;
+        let preface_done = Arc::new(AtomicBool::new(false));
+        let budget = Arc::new(SendBudget::new(self.config.h2.max_connection_send_buffer));
+        let tls = Frames::server(tls, preface_done.clone(), budget.clone());
+        let preface_at = authenticated + self.config.preface_timeout;
+        let mut conn = tokio::time::timeout_at(preface_at, builder.handshake::<_, Bytes>(tls))
+            .await
+            .map_err(|_| Error::new(Kind::Timeout("HTTP/2 preface")))??;
+        // Until the first CONNECT arrives, or forever once it has.
+        let mut first_stream_at = Some(authenticated + self.config.first_stream_timeout);
+        let mut preface_at = Some(preface_at);
         let ping = conn.ping_pong();
         let alive = keepalive(
             ping,
@@ -431,11 +497,13 @@ where
                 next = conn.accept() => match next {
                     Some(Ok((request, respond))) => {
                         self.stats.streams.fetch_add(1, Ordering::Relaxed);
+                        first_stream_at = None;
                         let stream = Stream {
                             peer: peer.clone(),
                             source,
                             destination,
                             activity: activity.clone(),
+                            budget: budget.clone(),
                         };
                         let task = stream.handle(self.service.clone(), request, respond);
                         self.config.executor.execute(task);
@@ -447,6 +515,17 @@ where
                 () = &mut alive => {
                     tracing::info!(%source, %peer, "HBONE client stopped answering PINGs; closing");
                     return Err(Error::new(Kind::Timeout("keepalive PING")));
+                }
+                () = sleep_until_opt(preface_at) => {
+                    if !preface_done.load(Ordering::Relaxed) {
+                        tracing::debug!(%source, %peer, "no HTTP/2 SETTINGS in time; closing");
+                        return Err(Error::new(Kind::Timeout("HTTP/2 preface")));
+                    }
+                    preface_at = None;
+                }
+                () = sleep_until_opt(first_stream_at) => {
+                    tracing::debug!(%source, %peer, "no CONNECT in time; closing");
+                    return Err(Error::new(Kind::Timeout("first CONNECT")));
                 }
                 _ = drain.changed(), if !draining => {
                     draining = true;
@@ -477,6 +556,45 @@ impl<Sel, S: fmt::Debug> fmt::Debug for Server<Sel, S> {
             .field("config", &self.config)
             .field("service", &self.service)
             .finish_non_exhaustive()
+    }
+}
+
+/// Connections in the TLS handshake, per source IP.
+#[derive(Default)]
+struct Handshaking(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection counted in [`Handshaking`] until it is dropped.
+struct Admitted {
+    table: Arc<Handshaking>,
+    ip: IpAddr,
+}
+
+impl Handshaking {
+    /// Counts a handshake from `ip`, unless `ip` has `max` in progress.
+    fn admit(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<Admitted> {
+        let ip = ip.to_canonical();
+        let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = table.entry(ip).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(Admitted {
+            table: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut table = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = table.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                table.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -552,6 +670,7 @@ struct Stream {
     source: SocketAddr,
     destination: SocketAddr,
     activity: Arc<Activity>,
+    budget: Arc<SendBudget>,
 }
 
 impl Stream {
@@ -583,9 +702,20 @@ impl Stream {
             target,
             headers: parts.headers,
         };
-        let decision = match std::future::poll_fn(|cx| service.poll_ready(cx)).await {
-            Ok(()) => service.call(connect).await,
-            Err(e) => Err(e),
+        let decide = async {
+            match std::future::poll_fn(|cx| service.poll_ready(cx)).await {
+                Ok(()) => service.call(connect).await,
+                Err(e) => Err(e),
+            }
+        };
+        // A peer that resets the stream while the service decides cancels the decision (and
+        // whatever it is doing, such as dialing the target).
+        let decision = tokio::select! {
+            decision = decide => decision,
+            reset = std::future::poll_fn(|cx| respond.poll_reset(cx)) => {
+                tracing::debug!(%target, reset = ?reset.ok(), "client reset the stream before the answer");
+                return;
+            }
         };
         match decision {
             Ok(Decision::Accept(Handler(handler))) => {
@@ -596,7 +726,9 @@ impl Stream {
                 match respond.send_response(response, false) {
                     Ok(send) => {
                         let guard: crate::tunnel::Guard = Arc::new(active);
-                        handler(Tunnel::new(send, body, Some(guard))).await;
+                        let mut tunnel = Tunnel::new(send, body, Some(guard));
+                        tunnel.set_send_budget(self.budget);
+                        handler(tunnel).await;
                     }
                     Err(e) => tracing::debug!(error = %e, "client went away before 200"),
                 }

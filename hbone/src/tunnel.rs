@@ -2,9 +2,12 @@
 //!
 //! - `shutdown()` sends END_STREAM: the peer reads EOF while the other direction keeps flowing
 //!   (TCP half-close).
-//! - A peer's RST_STREAM with NO_ERROR or CANCEL reads as EOF; any other reset is an error.
+//! - Only END_STREAM is EOF. A peer's RST_STREAM before END_STREAM, whatever its code
+//!   (NO_ERROR and CANCEL too), and a failed connection read as an error, so a cut transfer
+//!   never looks complete (RFC 9113 section 8.5).
 //! - Flow-control credit is given back as the reader consumes data, so a slow reader slows only
-//!   its own stream.
+//!   its own stream, as long as the connection window holds a stream window for each stalled
+//!   reader and one more (with the default windows, up to 15 stalled readers per connection).
 //! - [`SendHalf::send`] passes `Bytes` to HTTP/2 without copying.
 
 use std::any::Any;
@@ -17,6 +20,8 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes};
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::budget::SendBudget;
 
 /// Something kept alive as long as either half of the tunnel (a pool's stream count).
 pub(crate) type Guard = Arc<dyn Any + Send + Sync>;
@@ -48,15 +53,17 @@ pub struct SendHalf {
     /// (CANCEL, unless the stream has ended).
     drop_reason: Arc<AtomicU32>,
     _guard: Option<Guard>,
+    /// The connection's send budget (server connections), claimed before data goes to h2.
+    budget: Option<Arc<SendBudget>>,
 }
 
 /// Chooses, from outside the task that owns a [`Tunnel`], the RST_STREAM code the tunnel is
 /// reset with when it is dropped before its sending direction has ended (before `shutdown`
 /// or [`SendHalf::finish`]).
 ///
-/// By default a dropped tunnel is reset with CANCEL, which the peer reads as EOF. A service
-/// that ends tunnels on purpose (a policy revoked, say) sets an error code first, so that the
-/// peer sees an error and does not take the cut for the end of the data.
+/// By default a dropped tunnel is reset with CANCEL. The peer reads every reset before
+/// END_STREAM as an error; a service that ends tunnels on purpose (a policy revoked, say) can
+/// say why with a more telling code.
 #[derive(Debug, Clone)]
 pub struct ResetReason(Arc<AtomicU32>);
 
@@ -83,6 +90,7 @@ impl Tunnel {
                 shut: false,
                 drop_reason: Arc::default(),
                 _guard: guard,
+                budget: None,
             },
         }
     }
@@ -150,8 +158,8 @@ impl RecvHalf {
     ///
     /// # Errors
     ///
-    /// An error when the stream was reset with a reason other than NO_ERROR or CANCEL, or the
-    /// connection failed.
+    /// An error (`ConnectionReset` for a reset) when the stream was reset before END_STREAM,
+    /// with any code, or the connection failed.
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
         if !self.pending.is_empty() {
             let chunk = std::mem::take(&mut self.pending);
@@ -195,15 +203,11 @@ impl RecvHalf {
         let _ = self.stream.flow_control().release_capacity(n);
     }
 
-    /// Turns a stream error into EOF (graceful resets) or an I/O error.
+    /// Ends reading with the stream's error. Every reset that comes before END_STREAM is an
+    /// error, NO_ERROR and CANCEL included: data may have been cut.
     fn end_with(&mut self, e: h2::Error) -> io::Result<()> {
         self.eof = true;
-        match e.reason() {
-            Some(Reason::NO_ERROR) | Some(Reason::CANCEL) if e.is_remote() || e.is_reset() => {
-                Ok(())
-            }
-            _ => Err(h2_to_io(e)),
-        }
+        Err(h2_to_io(e))
     }
 }
 
@@ -254,7 +258,29 @@ impl std::fmt::Debug for RecvHalf {
 /// Largest amount of send capacity asked for at once.
 const MAX_RESERVE: usize = 1024 * 1024;
 
+impl Tunnel {
+    /// Counts what this tunnel sends against its connection's `budget`.
+    pub(crate) fn set_send_budget(&mut self, budget: Arc<SendBudget>) {
+        self.send.budget = Some(budget);
+    }
+}
+
 impl SendHalf {
+    fn stream_id(&self) -> u32 {
+        u32::from(self.stream.stream_id())
+    }
+
+    /// Hands `chunk` to h2; gives its budget back if h2 refuses it.
+    fn send_chunk(&mut self, chunk: Bytes) -> io::Result<()> {
+        let n = chunk.len();
+        self.stream.send_data(chunk, false).map_err(|e| {
+            if let Some(budget) = &self.budget {
+                budget.unclaim(u32::from(self.stream.stream_id()), n);
+            }
+            h2_to_io(e)
+        })
+    }
+
     /// Waits for send capacity; returns how many bytes may be sent now.
     fn poll_capacity(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
         if self.shut {
@@ -267,7 +293,14 @@ impl SendHalf {
         loop {
             let available = self.stream.capacity();
             if available > 0 {
-                return Poll::Ready(Ok(available));
+                // Flow control allows it; the connection's send budget must too. What is
+                // claimed here is sent at once by the caller (it asked for `want`).
+                return match &self.budget {
+                    None => Poll::Ready(Ok(available)),
+                    Some(budget) => budget
+                        .poll_claim(cx, self.stream_id(), available.min(want))
+                        .map(Ok),
+                };
             }
             match self.stream.poll_capacity(cx) {
                 Poll::Ready(Some(Ok(_))) => continue,
@@ -300,7 +333,7 @@ impl SendHalf {
         }
         let n = ready!(self.poll_capacity(cx, data.len()))?.min(data.len());
         let chunk = data.split_to(n);
-        self.stream.send_data(chunk, false).map_err(h2_to_io)?;
+        self.send_chunk(chunk)?;
         Poll::Ready(Ok(()))
     }
 
@@ -339,6 +372,9 @@ impl SendHalf {
     pub fn reset(&mut self, reason: Reason) {
         self.shut = true;
         self.stream.send_reset(reason);
+        if let Some(budget) = &self.budget {
+            budget.discard(self.stream_id());
+        }
     }
 }
 
@@ -352,9 +388,7 @@ impl AsyncWrite for SendHalf {
             return Poll::Ready(Ok(0));
         }
         let n = ready!(self.poll_capacity(cx, buf.len()))?.min(buf.len());
-        self.stream
-            .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-            .map_err(h2_to_io)?;
+        self.send_chunk(Bytes::copy_from_slice(&buf[..n]))?;
         Poll::Ready(Ok(n))
     }
 
@@ -402,6 +436,9 @@ impl Drop for SendHalf {
         let reason = self.drop_reason.load(Ordering::Relaxed);
         if reason != 0 && !self.shut {
             self.stream.send_reset(Reason::from(reason));
+        }
+        if let Some(budget) = &self.budget {
+            budget.close(self.stream_id());
         }
     }
 }

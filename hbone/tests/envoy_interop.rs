@@ -325,3 +325,169 @@ async fn envoy_client_to_server(name: &str, tls: TlsSettings) {
     }
     assert!(stats.connections_accepted() >= 1);
 }
+
+/// How a reader's wait for the end came out.
+#[derive(Debug, PartialEq, Eq)]
+enum Ending {
+    /// A clean EOF (FIN, or END_STREAM).
+    Eof,
+    /// A reset (`ConnectionReset`).
+    Reset,
+    /// Another error.
+    Error(String),
+    /// Neither an end nor an error within the wait.
+    StillOpen,
+}
+
+/// Reads to the end, for at most `wait`: how many bytes arrived (checked to be a prefix of
+/// what was sent) and how it ended.
+async fn read_end<R: tokio::io::AsyncRead + Unpin>(r: &mut R, wait: Duration) -> (usize, Ending) {
+    let mut got = Vec::new();
+    let end = tokio::time::timeout(wait, r.read_to_end(&mut got)).await;
+    assert!(
+        got == meshkit_test_support::pattern(got.len()),
+        "the bytes that arrived are not a prefix of what was sent"
+    );
+    let ending = match end {
+        Err(_) => Ending::StillOpen,
+        Ok(Ok(_)) => Ending::Eof,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => Ending::Reset,
+        Ok(Err(e)) => Ending::Error(e.to_string()),
+    };
+    (got.len(), ending)
+}
+
+const RESET_SENT: usize = 1024 * 1024;
+
+/// Resets with Envoy as the HBONE server: (1) the application behind Envoy sends 1 MiB and
+/// resets; (2) meshkit's side sends 1 MiB and resets the stream with CONNECT_ERROR. What each
+/// end sees is recorded in docs/hbone.md.
+#[tokio::test]
+#[ignore = "needs Envoy; CI runs it with --ignored"]
+async fn resets_between_a_meshkit_client_and_an_envoy_server() {
+    let dir = temp_dir("resets-server");
+    let ca = TestCa::new(TrustDomain::new("cluster.local").unwrap());
+    write_pki(&ca, &dir, &[("server", ENVOY_SERVER)]);
+    let port = free_port();
+    let _envoy = start_envoy(&dir, "envoy-server", &envoy_server_config(&dir, port), port).await;
+    let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let envoy: SocketAddr = ([127, 0, 0, 1], port).into();
+    let client = meshkit_hbone::Client::new(
+        ClientConfig::default(),
+        ca.issue(id(ENVOY_CLIENT)),
+        ca.bundle_set(),
+    );
+    let target = Target::new(
+        envoy,
+        backend.local_addr().unwrap(),
+        id(ENVOY_CLIENT),
+        id(ENVOY_SERVER),
+    );
+
+    // (1) The application behind Envoy resets after 1 MiB.
+    let mut tunnel = client.open(target.clone()).await.unwrap();
+    let (mut app, _) = backend.accept().await.unwrap();
+    app.write_all(&meshkit_test_support::pattern(RESET_SENT))
+        .await
+        .unwrap();
+    app.set_zero_linger().unwrap();
+    drop(app);
+    let (got, end) = read_end(&mut tunnel, Duration::from_secs(20)).await;
+    eprintln!("application behind Envoy reset: meshkit's tunnel read {got} bytes, then {end:?}");
+    // Envoy resets the stream; meshkit reads the reset as an error, not as EOF.
+    assert_eq!(end, Ending::Reset);
+
+    // (2) meshkit resets the stream (as its copy does when the local socket resets).
+    let mut tunnel = client.open(target).await.unwrap();
+    let (mut app, _) = backend.accept().await.unwrap();
+    tunnel
+        .write_all(&meshkit_test_support::pattern(RESET_SENT))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tunnel.reset(h2::Reason::CONNECT_ERROR);
+    let (got, end) = read_end(&mut app, Duration::from_secs(5)).await;
+    eprintln!(
+        "meshkit reset the stream: the application behind Envoy read {got} bytes, then {end:?}"
+    );
+    // Envoy ends its upstream socket; seen: with a FIN, not the RST that RFC 9113 asks for.
+    assert!(matches!(end, Ending::Eof | Ending::Reset), "{end:?}");
+}
+
+/// Resets with Envoy as the HBONE client and meshkit's `Forward` as the server: (1) the
+/// application behind meshkit sends 1 MiB and resets; (2) the application in front of Envoy
+/// sends 1 MiB and resets. What each end sees is recorded in docs/hbone.md.
+#[tokio::test]
+#[ignore = "needs Envoy; CI runs it with --ignored"]
+async fn resets_between_an_envoy_client_and_a_meshkit_server() {
+    let dir = temp_dir("resets-client");
+    let ca = TestCa::new(TrustDomain::new("cluster.local").unwrap());
+    write_pki(&ca, &dir, &[("client", ENVOY_CLIENT)]);
+    let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tls = TlsSettings::default()
+        .server_config(
+            ca.issue(id(ENVOY_SERVER)),
+            meshkit_identity::SpiffeVerifier::new(
+                ca.bundle_set(),
+                Authorize::Exact(id(ENVOY_CLIENT)),
+            ),
+        )
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ours = listener.local_addr().unwrap();
+    let server = Server::new(
+        ServerConfig::default(),
+        SingleIdentity::new(tls),
+        Forward::new(),
+    );
+    tokio::spawn(server.serve(listener));
+    let port = free_port();
+    let _envoy = start_envoy(
+        &dir,
+        "envoy-client",
+        &envoy_client_config(&dir, port, ours, backend.local_addr().unwrap()),
+        port,
+    )
+    .await;
+
+    // The probe that saw Envoy's port open was tunnelled to the backend too: not ours.
+    let probe = tokio::time::timeout(Duration::from_secs(20), backend.accept()).await;
+    drop(probe);
+
+    // (1) The application behind meshkit resets after 1 MiB: meshkit sends CONNECT_ERROR.
+    let mut sock = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (mut app, _) = tokio::time::timeout(Duration::from_secs(20), backend.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    app.write_all(&meshkit_test_support::pattern(RESET_SENT))
+        .await
+        .unwrap();
+    app.set_zero_linger().unwrap();
+    drop(app);
+    let (got, end) = read_end(&mut sock, Duration::from_secs(5)).await;
+    eprintln!(
+        "application behind meshkit reset: the client of Envoy read {got} bytes, then {end:?}"
+    );
+    // meshkit sent RST_STREAM(CONNECT_ERROR); seen: Envoy ends its client's socket with a FIN.
+    assert!(matches!(end, Ending::Eof | Ending::Reset), "{end:?}");
+
+    // (2) The application in front of Envoy resets after 1 MiB.
+    let mut sock = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (mut app, _) = tokio::time::timeout(Duration::from_secs(20), backend.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    sock.write_all(&meshkit_test_support::pattern(RESET_SENT))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sock.set_zero_linger().unwrap();
+    drop(sock);
+    let (got, end) = read_end(&mut app, Duration::from_secs(5)).await;
+    eprintln!(
+        "client of Envoy reset: the application behind meshkit read {got} bytes, then {end:?}"
+    );
+    // Envoy resets the stream; meshkit resets the application's socket.
+    assert_eq!(end, Ending::Reset);
+}

@@ -1,7 +1,7 @@
 //! Certificate authority clients: the trait the SVID cache requests certificates through, and
 //! the CSR it sends (ECDSA P-256, the SPIFFE ID as the only SAN, empty subject).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{CertificateParams, DistinguishedName, KeyPair, SanType};
 use rustls::crypto::CryptoProvider;
@@ -43,9 +43,56 @@ pub enum CaError {
         /// The identity in the certificate returned.
         issued: SpiffeId,
     },
+    /// The CA issued a certificate that is not valid now: expired, or valid only from a time
+    /// further ahead than the allowed clock skew
+    /// ([`RotationConfig::max_clock_skew`](crate::RotationConfig::max_clock_skew)). Usually
+    /// the CA's clock is off; the request is retried like an unavailable CA.
+    #[error(
+        "certificate authority issued a certificate valid from {} to {} (Unix seconds), not at {}",
+        unix_secs(*.not_before),
+        unix_secs(*.not_after),
+        unix_secs(*.now)
+    )]
+    NotValidNow {
+        /// The certificate's `notBefore`.
+        not_before: SystemTime,
+        /// The certificate's `notAfter`.
+        not_after: SystemTime,
+        /// This machine's time when the certificate arrived.
+        now: SystemTime,
+    },
     /// The CSR could not be built.
     #[error("building the certificate request failed: {0}")]
     Csr(String),
+}
+
+/// How far ahead of this machine's clock a new certificate's `notBefore` may be before it is
+/// refused with [`CaError::NotValidNow`], unless configured otherwise: 60 s.
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(60);
+
+fn unix_secs(t: SystemTime) -> i128 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(after) => i128::from(after.as_secs()),
+        Err(before) => -i128::from(before.duration().as_secs()),
+    }
+}
+
+/// Whether `svid` may be used at `now`: not expired, and valid from no later than
+/// `now + max_skew`.
+///
+/// # Errors
+///
+/// [`CaError::NotValidNow`] otherwise.
+pub fn check_validity(svid: &X509Svid, now: SystemTime, max_skew: Duration) -> Result<(), CaError> {
+    let (not_before, not_after) = (svid.not_before(), svid.not_after());
+    if not_after <= now || not_before > now + max_skew {
+        return Err(CaError::NotValidNow {
+            not_before,
+            not_after,
+            now,
+        });
+    }
+    Ok(())
 }
 
 /// A certificate authority that signs CSRs for SPIFFE IDs.
@@ -90,12 +137,13 @@ pub fn generate_csr(id: &SpiffeId) -> Result<(String, PrivateKeyDer<'static>), C
 }
 
 /// Generates a key, asks `ca` to sign it for `id`, and checks that the answer is a valid SVID
-/// for exactly that ID. The key is loaded with the default provider
-/// ([`default_provider`](crate::default_provider)).
+/// for exactly that ID, valid now ([`check_validity`] with [`DEFAULT_MAX_CLOCK_SKEW`]). The
+/// key is loaded with the default provider ([`default_provider`](crate::default_provider)).
 ///
 /// # Errors
 ///
-/// The CA's error, [`CaError::InvalidSvid`] or [`CaError::WrongIdentity`].
+/// The CA's error, [`CaError::InvalidSvid`], [`CaError::WrongIdentity`] or
+/// [`CaError::NotValidNow`].
 pub async fn request_svid<C: CaClient + ?Sized>(
     ca: &C,
     id: &SpiffeId,
@@ -116,6 +164,17 @@ pub async fn request_svid_with_provider<C: CaClient + ?Sized>(
     validity: Duration,
     provider: &CryptoProvider,
 ) -> Result<X509Svid, CaError> {
+    request_checked(ca, id, validity, provider, DEFAULT_MAX_CLOCK_SKEW).await
+}
+
+/// As [`request_svid_with_provider`], with `max_skew` for the validity check.
+pub(crate) async fn request_checked<C: CaClient + ?Sized>(
+    ca: &C,
+    id: &SpiffeId,
+    validity: Duration,
+    provider: &CryptoProvider,
+    max_skew: Duration,
+) -> Result<X509Svid, CaError> {
     let (csr_pem, key) = generate_csr(id)?;
     let request = CertificateRequest {
         id: id.clone(),
@@ -131,5 +190,6 @@ pub async fn request_svid_with_provider<C: CaClient + ?Sized>(
             issued: svid.spiffe_id().clone(),
         });
     }
+    check_validity(&svid, SystemTime::now(), max_skew)?;
     Ok(svid)
 }

@@ -192,14 +192,33 @@ pub trait CertificateSigner: Send + Sync + 'static {
 #[derive(Debug)]
 pub struct IstioCaServer<S> {
     signer: Arc<S>,
+    max_decoding_message_size: usize,
+    max_encoding_message_size: usize,
 }
 
 impl<S> IstioCaServer<S> {
-    /// Serves `signer`.
+    /// Serves `signer`, accepting requests of up to 64 KiB and sending responses of up to
+    /// 1 MiB (see the `max_*_message_size` methods).
     pub fn new(signer: S) -> Self {
         Self {
             signer: Arc::new(signer),
+            max_decoding_message_size: 64 * 1024,
+            max_encoding_message_size: 1024 * 1024,
         }
+    }
+
+    /// The largest request accepted, in bytes (default 64 KiB: a CSR is one or two KiB); a
+    /// larger one is refused with `OUT_OF_RANGE` before it is decoded.
+    pub fn max_decoding_message_size(mut self, bytes: usize) -> Self {
+        self.max_decoding_message_size = bytes;
+        self
+    }
+
+    /// The largest response sent, in bytes (default 1 MiB: a chain of a few certificates);
+    /// a larger one fails the call with `OUT_OF_RANGE`.
+    pub fn max_encoding_message_size(mut self, bytes: usize) -> Self {
+        self.max_encoding_message_size = bytes;
+        self
     }
 }
 
@@ -207,6 +226,8 @@ impl<S> Clone for IstioCaServer<S> {
     fn clone(&self) -> Self {
         Self {
             signer: self.signer.clone(),
+            max_decoding_message_size: self.max_decoding_message_size,
+            max_encoding_message_size: self.max_encoding_message_size,
         }
     }
 }
@@ -235,8 +256,13 @@ where
             return Box::pin(std::future::ready(Ok(status.into_http())));
         }
         let signer = Unary(self.signer.clone());
+        let limits = (
+            Some(self.max_decoding_message_size),
+            Some(self.max_encoding_message_size),
+        );
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(ProstCodec::default());
+            let mut grpc = tonic::server::Grpc::new(ProstCodec::default())
+                .apply_max_message_size_config(limits.0, limits.1);
             Ok(grpc.unary(signer, req).await)
         })
     }

@@ -84,7 +84,8 @@ mod verify;
 
 pub use bundle::{BundleError, TrustBundle, TrustBundleSet};
 pub use ca::{
-    CaClient, CaError, CertificateRequest, generate_csr, request_svid, request_svid_with_provider,
+    CaClient, CaError, CertificateRequest, DEFAULT_MAX_CLOCK_SKEW, check_validity, generate_csr,
+    request_svid, request_svid_with_provider,
 };
 pub use rotate::{RotationConfig, SvidCache};
 pub use select::{

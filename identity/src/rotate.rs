@@ -10,7 +10,7 @@ use tokio::task::AbortHandle;
 
 use rustls::crypto::CryptoProvider;
 
-use crate::ca::{CaClient, CaError, request_svid_with_provider};
+use crate::ca::{CaClient, CaError, DEFAULT_MAX_CLOCK_SKEW, request_checked};
 use crate::spiffe::SpiffeId;
 use crate::svid::X509Svid;
 
@@ -29,6 +29,17 @@ pub struct RotationConfig {
     pub initial_backoff: Duration,
     /// Longest wait between failed renewals; the wait doubles up to it. Default: 60 seconds.
     pub max_backoff: Duration,
+    /// Shortest wait between two renewals of one identity, however early the certificate
+    /// says it is due (a CA that grants a tiny validity, or whose clock lags, hands out
+    /// certificates already past their refresh point). While renewals keep coming back due,
+    /// the wait doubles from this, with jitter, up to `max_backoff`. Zero turns the minimum
+    /// off. Default: 1 second.
+    pub min_refresh_delay: Duration,
+    /// How far in the future a new certificate's `notBefore` may be (clocks differ a little);
+    /// a certificate valid only later, or already expired, is refused
+    /// ([`CaError::NotValidNow`]), the current one kept and the request retried with backoff.
+    /// Default: [`DEFAULT_MAX_CLOCK_SKEW`](crate::DEFAULT_MAX_CLOCK_SKEW), 60 seconds.
+    pub max_clock_skew: Duration,
     /// The crypto provider that loads each new SVID's private key, and so signs the
     /// handshakes made with it. Default: [`default_provider`](crate::default_provider).
     pub provider: Arc<CryptoProvider>,
@@ -41,6 +52,8 @@ impl PartialEq for RotationConfig {
             && self.jitter_fraction == other.jitter_fraction
             && self.initial_backoff == other.initial_backoff
             && self.max_backoff == other.max_backoff
+            && self.min_refresh_delay == other.min_refresh_delay
+            && self.max_clock_skew == other.max_clock_skew
             && Arc::ptr_eq(&self.provider, &other.provider)
     }
 }
@@ -53,6 +66,8 @@ impl Default for RotationConfig {
             jitter_fraction: 0.1,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),
+            min_refresh_delay: Duration::from_secs(1),
+            max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
             provider: crate::default_provider(),
         }
     }
@@ -85,6 +100,19 @@ impl RotationConfig {
         self
     }
 
+    /// Sets the shortest wait between two renewals ([`RotationConfig::min_refresh_delay`]).
+    pub fn with_min_refresh_delay(mut self, delay: Duration) -> Self {
+        self.min_refresh_delay = delay;
+        self
+    }
+
+    /// Sets the clock skew allowed for a new certificate's `notBefore`
+    /// ([`RotationConfig::max_clock_skew`]).
+    pub fn with_max_clock_skew(mut self, skew: Duration) -> Self {
+        self.max_clock_skew = skew;
+        self
+    }
+
     /// How long after `now` to renew `svid`: at `refresh_fraction` of its lifetime, minus a
     /// random share of up to `jitter_fraction` of it; zero when that point has passed.
     pub fn refresh_delay(&self, svid: &X509Svid, now: SystemTime) -> Duration {
@@ -109,9 +137,14 @@ type Slot = Arc<OnceCell<watch::Receiver<Arc<X509Svid>>>>;
 
 /// SVIDs per identity, fetched from a [`CaClient`] on first use and renewed in the background.
 ///
-/// - Renewal happens at half-life (see [`RotationConfig`]) with jitter.
+/// - Renewal happens at half-life (see [`RotationConfig`]) with jitter, and never sooner than
+///   [`RotationConfig::min_refresh_delay`] after the previous one (backing off while
+///   certificates keep arriving already due), so a tiny validity or a lagging CA clock cannot
+///   make it spin.
 /// - A failed renewal is retried with capped exponential backoff; meanwhile the current SVID
-///   keeps being served (it is still valid: renewal starts at half-life).
+///   keeps being served (it is still valid: renewal starts at half-life). A certificate that is
+///   expired or not yet valid ([`CaError::NotValidNow`]) counts as a failure: it is never
+///   served or published.
 /// - Each identity's SVID is published on a [`watch`] channel: new handshakes pick up the new
 ///   certificate (see [`SvidSource::Rotating`](crate::SvidSource::Rotating)), open connections
 ///   are untouched.
@@ -163,11 +196,12 @@ impl SvidCache {
         let rx = slot
             .get_or_try_init(|| async {
                 let config = &self.inner.config;
-                let svid = request_svid_with_provider(
+                let svid = request_checked(
                     &*self.inner.ca,
                     id,
                     config.validity,
                     &config.provider,
+                    config.max_clock_skew,
                 )
                 .await?;
                 tracing::info!(%id, not_after = ?svid.not_after(), "obtained SVID");
@@ -228,19 +262,42 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Renews one identity forever: wait for the refresh point, then ask the CA until it answers.
+/// Renews one identity forever: wait for the refresh point (at least the minimum delay), then
+/// ask the CA until it answers with a certificate valid now.
 async fn renew(
     ca: Arc<dyn CaClient>,
     config: RotationConfig,
     id: SpiffeId,
     tx: watch::Sender<Arc<X509Svid>>,
 ) {
+    // The wait imposed when a certificate is already due: the minimum delay, doubling while
+    // certificates keep arriving due, reset by one that is not.
+    let mut due_backoff = config.min_refresh_delay;
     loop {
         let delay = config.refresh_delay(&tx.borrow(), SystemTime::now());
+        let delay = if delay < config.min_refresh_delay {
+            let wait = config
+                .backoff_with_jitter(due_backoff)
+                .max(config.min_refresh_delay);
+            tracing::debug!(%id, wait = ?wait, "certificate already due for renewal; waiting the minimum delay");
+            due_backoff = (due_backoff * 2).min(config.max_backoff);
+            wait
+        } else {
+            due_backoff = config.min_refresh_delay;
+            delay
+        };
         tokio::time::sleep(delay).await;
         let mut backoff = config.initial_backoff;
         loop {
-            match request_svid_with_provider(&*ca, &id, config.validity, &config.provider).await {
+            match request_checked(
+                &*ca,
+                &id,
+                config.validity,
+                &config.provider,
+                config.max_clock_skew,
+            )
+            .await
+            {
                 Ok(svid) => {
                     tracing::info!(%id, not_after = ?svid.not_after(), "renewed SVID");
                     tx.send_replace(Arc::new(svid));

@@ -56,13 +56,9 @@ pub fn envoy_command(config: &Path, log: &Path) -> Command {
     command
         .arg("-c")
         .arg(config)
-        .args([
-            "--concurrency",
-            "1",
-            "--disable-hot-restart",
-            "--log-level",
-            "warn",
-        ])
+        .args(["--concurrency", "1", "--disable-hot-restart", "--log-level"])
+        // `MESHKIT_ENVOY_LOG_LEVEL=debug` when a test against Envoy needs explaining.
+        .arg(std::env::var("MESHKIT_ENVOY_LOG_LEVEL").unwrap_or_else(|_| "warn".into()))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).expect("create the Envoy log file"));
     command
@@ -145,4 +141,304 @@ pub fn output_within(command: &mut Command, timeout: Duration) -> std::process::
         "the program did not exit within {timeout:?}; standard error:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Resets `sock`: SO_LINGER 0, then close, so the kernel sends RST instead of FIN (what an
+/// application that aborts a connection does).
+pub fn reset(sock: std::net::TcpStream) {
+    socket2::SockRef::from(&sock)
+        .set_linger(Some(Duration::ZERO))
+        .expect("setting SO_LINGER 0");
+    drop(sock);
+}
+
+/// Byte `i` of the streams the reset tests send: a prefix check finds any lost or moved byte.
+pub fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+/// Reads `sock` until EOF or an error, with a 20 s read timeout, and returns what arrived and
+/// how it ended.
+pub fn read_until_end(sock: &mut std::net::TcpStream) -> (Vec<u8>, std::io::Result<()>) {
+    use std::io::Read;
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("setting a read timeout");
+    let mut got = Vec::new();
+    let end = sock.read_to_end(&mut got).map(drop);
+    (got, end)
+}
+
+/// Asserts that a read ended in a reset (not a clean EOF, not a timeout) after a prefix of
+/// [`pattern`]`(sent)`.
+pub fn assert_reset_after_prefix(got: &[u8], end: &std::io::Result<()>, sent: usize) {
+    let err = end
+        .as_ref()
+        .expect_err("a reset must not read as a clean end");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    assert!(
+        got.len() <= sent,
+        "{} bytes arrived of {sent} sent",
+        got.len()
+    );
+    assert!(
+        got == pattern(got.len()),
+        "the bytes that arrived are not what was sent"
+    );
+}
+
+/// Raw HTTP/2 frames, for peers that send what the h2 crate never would.
+pub mod h2_frame {
+    /// The client connection preface.
+    pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    /// Frame type DATA (RFC 9113 section 6).
+    pub const DATA: u8 = 0x0;
+    /// Frame type HEADERS (RFC 9113 section 6).
+    pub const HEADERS: u8 = 0x1;
+    /// Frame type RST_STREAM (RFC 9113 section 6).
+    pub const RST_STREAM: u8 = 0x3;
+    /// Frame type SETTINGS (RFC 9113 section 6).
+    pub const SETTINGS: u8 = 0x4;
+    /// Frame type WINDOW_UPDATE (RFC 9113 section 6).
+    pub const WINDOW_UPDATE: u8 = 0x8;
+    /// Frame type CONTINUATION (RFC 9113 section 6).
+    pub const CONTINUATION: u8 = 0x9;
+    /// Flag END_STREAM (DATA, HEADERS).
+    pub const END_STREAM: u8 = 0x1;
+    /// Flag END_HEADERS (HEADERS, CONTINUATION).
+    pub const END_HEADERS: u8 = 0x4;
+
+    /// One frame: the 9-byte header and `payload`.
+    pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len() as u32;
+        let mut f = Vec::with_capacity(9 + payload.len());
+        f.extend_from_slice(&len.to_be_bytes()[1..]);
+        f.push(kind);
+        f.push(flags);
+        f.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// SETTINGS with `(id, value)` pairs.
+    pub fn settings(pairs: &[(u16, u32)]) -> Vec<u8> {
+        let mut p = Vec::new();
+        for (id, value) in pairs {
+            p.extend_from_slice(&id.to_be_bytes());
+            p.extend_from_slice(&value.to_be_bytes());
+        }
+        frame(SETTINGS, 0, 0, &p)
+    }
+
+    /// A SETTINGS acknowledgement.
+    pub fn settings_ack() -> Vec<u8> {
+        frame(SETTINGS, 0x1, 0, &[])
+    }
+
+    /// HPACK for a CONNECT to `authority`, every field a literal without indexing.
+    pub fn connect_block(authority: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        literal(&mut b, b":method", b"CONNECT");
+        literal(&mut b, b":authority", authority.as_bytes());
+        b
+    }
+
+    /// Appends a literal header field without indexing, new name (RFC 7541 6.2.2).
+    pub fn literal(block: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+        block.push(0x00);
+        integer(block, name.len(), 7, 0);
+        block.extend_from_slice(name);
+        integer(block, value.len(), 7, 0);
+        block.extend_from_slice(value);
+    }
+
+    /// An HPACK integer with an `n`-bit prefix (RFC 7541 5.1).
+    fn integer(block: &mut Vec<u8>, mut v: usize, n: u8, flags: u8) {
+        let max = (1usize << n) - 1;
+        if v < max {
+            block.push(flags | v as u8);
+            return;
+        }
+        block.push(flags | max as u8);
+        v -= max;
+        while v >= 128 {
+            block.push((v % 128 + 128) as u8);
+            v /= 128;
+        }
+        block.push(v as u8);
+    }
+
+    /// RST_STREAM with `code`.
+    pub fn rst_stream(stream: u32, code: u32) -> Vec<u8> {
+        frame(RST_STREAM, 0, stream, &code.to_be_bytes())
+    }
+}
+
+/// Hostile HTTP/2 peers, written as raw frames over any byte stream (the caller completes
+/// TLS first): each sends what an attacker would and returns when the stream ends or the
+/// attack is done. None reads more than it must, none panics on a closed stream.
+pub mod hostile {
+    use std::io;
+
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+    use crate::h2_frame::*;
+
+    /// The client preface and an empty SETTINGS frame.
+    pub async fn start<IO: AsyncWrite + Unpin>(io: &mut IO) -> io::Result<()> {
+        io.write_all(PREFACE).await?;
+        io.write_all(&settings(&[])).await?;
+        io.write_all(&settings_ack()).await
+    }
+
+    /// Rapid reset (CVE-2023-44487): `n` CONNECT streams to `authority`, each reset with
+    /// CANCEL right after its HEADERS, in batches of 100 per write.
+    pub async fn rapid_reset<IO: AsyncWrite + Unpin>(
+        io: &mut IO,
+        authority: &str,
+        n: u32,
+    ) -> io::Result<()> {
+        start(io).await?;
+        let block = connect_block(authority);
+        let mut batch = Vec::new();
+        for i in 0..n {
+            let stream = 1 + 2 * i;
+            batch.extend(frame(HEADERS, END_HEADERS, stream, &block));
+            batch.extend(rst_stream(stream, 0x8));
+            if batch.len() > 8 * 1024 {
+                io.write_all(&batch).await?;
+                batch.clear();
+            }
+        }
+        io.write_all(&batch).await
+    }
+
+    /// CONTINUATION flood: one HEADERS without END_HEADERS, then up to `frames`
+    /// CONTINUATION frames of `size` bytes each, never ending the header block.
+    pub async fn continuation_flood<IO: AsyncWrite + Unpin>(
+        io: &mut IO,
+        authority: &str,
+        frames: u32,
+        size: usize,
+    ) -> io::Result<()> {
+        start(io).await?;
+        io.write_all(&frame(HEADERS, 0, 1, &connect_block(authority)))
+            .await?;
+        let mut block = Vec::with_capacity(size);
+        while block.len() + 64 < size {
+            literal(&mut block, b"x-flood", &[b'a'; 48]);
+        }
+        let one = frame(CONTINUATION, 0, 1, &block);
+        for _ in 0..frames {
+            io.write_all(&one).await?;
+        }
+        Ok(())
+    }
+
+    /// One CONNECT whose header block holds a `size`-byte header value, split into
+    /// CONTINUATION frames of at most 16 KiB.
+    pub async fn oversized_headers<IO: AsyncWrite + Unpin>(
+        io: &mut IO,
+        authority: &str,
+        size: usize,
+    ) -> io::Result<()> {
+        start(io).await?;
+        let mut block = connect_block(authority);
+        literal(&mut block, b"x-big", &vec![b'a'; size]);
+        let mut chunks = block.chunks(16 * 1024).peekable();
+        let mut kind = HEADERS;
+        while let Some(chunk) = chunks.next() {
+            let flags = if chunks.peek().is_none() {
+                END_HEADERS
+            } else {
+                0
+            };
+            io.write_all(&frame(kind, flags, 1, chunk)).await?;
+            kind = CONTINUATION;
+        }
+        Ok(())
+    }
+
+    /// Window starvation: SETTINGS_INITIAL_WINDOW_SIZE 0, then `n` CONNECT streams to
+    /// `authority`, and never a WINDOW_UPDATE: the server may send nothing on them.
+    pub async fn zero_window<IO: AsyncWrite + Unpin>(
+        io: &mut IO,
+        authority: &str,
+        n: u32,
+    ) -> io::Result<()> {
+        io.write_all(PREFACE).await?;
+        io.write_all(&settings(&[(0x4, 0)])).await?;
+        io.write_all(&settings_ack()).await?;
+        let block = connect_block(authority);
+        for i in 0..n {
+            io.write_all(&frame(HEADERS, END_HEADERS, 1 + 2 * i, &block))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Reads and drops what the server sends until it closes or fails, for at most `wait`;
+    /// true if it closed (EOF or an error) in that time.
+    pub async fn closed_within<IO: AsyncRead + Unpin>(
+        io: &mut IO,
+        wait: std::time::Duration,
+    ) -> bool {
+        let mut buf = vec![0u8; 16 * 1024];
+        tokio::time::timeout(wait, async {
+            loop {
+                match io.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+}
+
+/// A global allocator that counts the bytes allocated and not yet freed, to bound what a
+/// hostile peer makes a process hold. Resident-set figures would miss pages the kernel has
+/// not touched yet; this count is exact. Install it in a test binary with
+/// `#[global_allocator] static ALLOC: CountingAllocator = CountingAllocator;`.
+#[derive(Debug)]
+pub struct CountingAllocator;
+
+static LIVE_HEAP: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+impl CountingAllocator {
+    /// Bytes allocated and not yet freed, process-wide, since the program started.
+    pub fn live() -> isize {
+        LIVE_HEAP.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[allow(unsafe_code)] // The only unsafe code here: it passes every call on to `System`.
+// SAFETY: every call goes to `System` unchanged; only a counter is added.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        LIVE_HEAP.fetch_add(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        LIVE_HEAP.fetch_add(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        LIVE_HEAP.fetch_sub(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        LIVE_HEAP.fetch_add(
+            new_size as isize - layout.size() as isize,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // SAFETY: as above.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
 }

@@ -35,9 +35,16 @@ pub struct ClientConfig {
     keepalive_interval: Duration,
     keepalive_timeout: Duration,
     max_message_size: usize,
+    max_resources_per_type: usize,
+    max_cached_bytes: usize,
+    max_type_urls: usize,
     give_up_after: Option<Duration>,
     #[cfg(feature = "tls")]
     tls: Option<crate::tls::TlsConnector>,
+    /// A caller-built channel used instead of connecting ([`ClientConfig::with_channel`]).
+    pub(crate) channel: Option<Channel>,
+    /// Added to every call ([`ClientConfig::with_credentials`]).
+    pub(crate) credentials: Option<crate::transport::CallCredentials>,
 }
 
 /// A handle to an xDS client: creates watches. Cheap to clone. The client runs while its
@@ -120,9 +127,14 @@ impl ClientConfig {
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
             max_message_size: 64 << 20,
+            max_resources_per_type: 100_000,
+            max_cached_bytes: 256 << 20,
+            max_type_urls: 32,
             give_up_after: None,
             #[cfg(feature = "tls")]
             tls: None,
+            channel: None,
+            credentials: None,
         }
     }
 
@@ -158,6 +170,30 @@ impl ClientConfig {
     /// Largest response accepted (default 64 MiB).
     pub fn max_message_size(mut self, bytes: usize) -> Self {
         self.max_message_size = bytes;
+        self
+    }
+
+    /// The most resources of one type the client holds (default 100,000); a response with
+    /// more is NACKed whole, a resource that would add a name beyond it is NACKed by name.
+    /// See [`SessionConfig::max_resources_per_type`].
+    pub fn max_resources_per_type(mut self, max: usize) -> Self {
+        self.max_resources_per_type = max;
+        self
+    }
+
+    /// The most bytes of resources the client caches over all types (default 256 MiB, each
+    /// resource counted as its encoded size, name and version); beyond it resources are
+    /// NACKed. See [`SessionConfig::max_cached_bytes`].
+    pub fn max_cached_bytes(mut self, bytes: usize) -> Self {
+        self.max_cached_bytes = bytes;
+        self
+    }
+
+    /// The most type URLs the client keeps state for (default 32); a response for a further
+    /// type that nobody watches is NACKed and nothing of it is kept. See
+    /// [`SessionConfig::max_type_urls`].
+    pub fn max_type_urls(mut self, max: usize) -> Self {
+        self.max_type_urls = max;
         self
     }
 
@@ -230,7 +266,10 @@ impl XdsClient {
         let session = Session::new(
             SessionConfig::new(config.mode)
                 .node(config.node.clone())
-                .does_not_exist_timeout(config.does_not_exist_timeout),
+                .does_not_exist_timeout(config.does_not_exist_timeout)
+                .max_resources_per_type(config.max_resources_per_type)
+                .max_cached_bytes(config.max_cached_bytes)
+                .max_type_urls(config.max_type_urls),
         );
         (
             XdsClient {
@@ -374,7 +413,11 @@ impl Driver {
         let endpoint = endpoint.clone();
         #[cfg(feature = "tls")]
         let tls = self.config.tls.clone();
+        let channel = self.config.channel.clone();
         async move {
+            if let Some(channel) = channel {
+                return Ok(channel);
+            }
             #[cfg(feature = "tls")]
             if let Some(tls) = tls {
                 return endpoint.connect_with_connector(tls).await;
@@ -384,7 +427,12 @@ impl Driver {
     }
 
     fn open_call(&self, channel: Channel) -> (Outgoing, PendingCall) {
-        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+        let credentials = self
+            .config
+            .credentials
+            .clone()
+            .unwrap_or_else(|| crate::transport::CallCredentials::from_fn(Ok));
+        let mut client = AggregatedDiscoveryServiceClient::with_interceptor(channel, credentials)
             .max_decoding_message_size(self.config.max_message_size)
             .max_encoding_message_size(self.config.max_message_size);
         match self.config.mode {

@@ -61,7 +61,11 @@
 //!   snapshot-driven or scripted, optionally over TLS), for tests of this crate and of its
 //!   users.
 //! - `tls`: TLS to the control plane with a rustls `ClientConfig` of your choosing
-//!   (`ClientConfig::tls`).
+//!   (`ClientConfig::tls`), or with a CA file and an alternate server name
+//!   (`ControlPlaneTls`, `ClientConfig::with_control_plane_tls`).
+//!
+//! Without any feature, [`ClientConfig::with_channel`] takes a tonic `Channel` you built and
+//! [`CallCredentials`] (a bearer token, a token file, any interceptor) are added to every call.
 //! - `identity`: SPIFFE mutual TLS with meshkit-identity (`ClientConfig::spiffe_mtls`): the
 //!   client presents its X509-SVID and accepts only servers the `SpiffeVerifier` accepts.
 //!
@@ -82,6 +86,7 @@ mod resource;
 pub mod testing;
 #[cfg(feature = "tls")]
 mod tls;
+mod transport;
 mod watch;
 
 /// The `envoy-types` crate this crate is built against, for the messages not re-exported in
@@ -109,4 +114,7 @@ pub use resource::{
     AnyResource, CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, InvalidResource, LISTENER_TYPE_URL,
     RESOURCE_WRAPPER_TYPE_URL, ROUTE_TYPE_URL, Resource, ResourceType, SECRET_TYPE_URL,
 };
+pub use transport::CallCredentials;
+#[cfg(feature = "tls")]
+pub use transport::ControlPlaneTls;
 pub use watch::{Watch, WatchEvent};

@@ -1,6 +1,7 @@
 //! Shared pieces of meshkit's command-line programs (`control-plane`, `node-proxy`,
 //! `ingress-gateway`, `mesh-demo` and the tools): the crypto provider they all use, loading
-//! credentials from PEM files, logging, the runtime, and waiting for a stop signal.
+//! credentials from PEM files, logging, the runtime, waiting for a stop signal, and the flags
+//! with which they reach the control plane ([`ControlPlaneArgs`]).
 //!
 //! Nothing here is global state: a program calls these functions from its `main`. The global
 //! allocator is chosen by each binary itself, never by a library.
@@ -23,8 +24,12 @@
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod control_plane;
+
 use std::path::Path;
 use std::sync::Arc;
+
+pub use control_plane::ControlPlaneArgs;
 
 use meshkit_identity::{
     RotationConfig, SpiffeId, TlsSettings, TrustBundle, TrustBundleSet, TrustDomain, X509Svid,

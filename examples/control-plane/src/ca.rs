@@ -12,14 +12,25 @@
 //! file must be protected like a key. See `docs/control-plane.md`.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use meshkit_identity::istio::{
-    CertificateSigner, IstioCertificateRequest, IstioCertificateResponse, requested_validity,
+    CertificateSigner, IstioCaServer, IstioCertificateRequest, IstioCertificateResponse,
+    requested_validity,
 };
 use meshkit_identity::{BoxFuture, CaSigner, ErrorChain, SpiffeId, certs_to_pem};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
+use tonic::codegen::{Service, http};
+use tonic::server::NamedService;
+use tonic::transport::server::Connected;
 
 /// Default validity of issued certificates when the request names none.
 pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(24 * 3600);
@@ -30,6 +41,9 @@ pub const MAX_VALIDITY: Duration = Duration::from_secs(7 * 24 * 3600);
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct TokenGrants {
     grants: BTreeMap<String, Vec<IdPattern>>,
+    /// What each token may be over ADS (`node=NAME`, `gateway=NAME`); see
+    /// [`crate::access`].
+    roles: BTreeMap<String, crate::access::XdsRole>,
 }
 
 /// An exact SPIFFE ID, or every ID under a prefix (`spiffe://td/ns/shop/*`).
@@ -44,6 +58,7 @@ enum IdPattern {
 pub struct TokenSigner {
     ca: CaSigner,
     grants: TokenGrants,
+    max_csr_bytes: usize,
 }
 
 /// A problem with the token file.
@@ -74,11 +89,13 @@ impl TokenGrants {
     }
 
     /// Parses the token file: one token per line followed by the identities it grants,
-    /// separated by whitespace; `#` starts a comment.
+    /// separated by whitespace; `#` starts a comment. A word `node=NAME` or `gateway=NAME`
+    /// also lets the token connect to ADS as that node proxy or gateway (see
+    /// [`crate::access`]); a line needs at least one identity or role.
     ///
     /// ```text
-    /// # token            identities
-    /// node-a-7f3c9e      spiffe://cluster.local/ns/shop/* spiffe://cluster.local/ns/infra/sa/gateway
+    /// # token            xDS role      identities
+    /// node-a-7f3c9e      node=node-a   spiffe://cluster.local/ns/shop/* spiffe://cluster.local/ns/infra/sa/gateway
     /// ```
     ///
     /// # Errors
@@ -95,6 +112,13 @@ impl TokenGrants {
             let Some(token) = words.next() else { continue };
             let mut any = false;
             for pattern in words {
+                if let Some(role) = crate::access::XdsRole::parse_word(pattern)
+                    .map_err(|e| CaConfigError(format!("line {}: {e}", i + 1)))?
+                {
+                    grants = grants.with_xds_role(token, role);
+                    any = true;
+                    continue;
+                }
                 grants = grants
                     .grant(token, pattern)
                     .map_err(|e| CaConfigError(format!("line {}: {}", i + 1, e.0)))?;
@@ -143,11 +167,40 @@ impl TokenGrants {
     /// How many tokens are known.
     pub fn len(&self) -> usize {
         self.grants.len()
+            + self
+                .roles
+                .keys()
+                .filter(|t| !self.grants.contains_key(*t))
+                .count()
     }
 
     /// Whether no token is known.
     pub fn is_empty(&self) -> bool {
-        self.grants.is_empty()
+        self.len() == 0
+    }
+
+    /// Lets `token` connect to ADS as `role` (one role per token; a later one replaces an
+    /// earlier one). In the token file: a word `node=NAME` or `gateway=NAME` on its line.
+    pub fn with_xds_role(mut self, token: &str, role: crate::access::XdsRole) -> Self {
+        self.roles.insert(token.to_owned(), role);
+        self
+    }
+
+    /// What `token` may be over ADS, comparing every token in full; `None` for an unknown
+    /// token or one without an xDS role.
+    pub fn xds_role(&self, token: &str) -> Option<&crate::access::XdsRole> {
+        let mut found = None;
+        for (known, role) in &self.roles {
+            if constant_time_eq(known.as_bytes(), token.as_bytes()) {
+                found = Some(role);
+            }
+        }
+        found
+    }
+
+    /// Whether `token` is known at all (for the CA, for ADS, or both).
+    pub fn knows(&self, token: &str) -> bool {
+        self.patterns(token).is_some() || self.xds_role(token).is_some()
     }
 }
 
@@ -199,7 +252,15 @@ impl TokenSigner {
         Self {
             ca: ca.with_max_validity(MAX_VALIDITY),
             grants,
+            max_csr_bytes: CaLimits::default().max_csr_bytes,
         }
+    }
+
+    /// Refuses CSRs longer than `bytes` (PEM) with `INVALID_ARGUMENT`, before parsing them
+    /// (default [`CaLimits::max_csr_bytes`], 16 KiB).
+    pub fn with_max_csr_bytes(mut self, bytes: usize) -> Self {
+        self.max_csr_bytes = bytes;
+        self
     }
 
     /// The root certificate as PEM.
@@ -221,6 +282,13 @@ impl TokenSigner {
             .ok_or_else(|| Status::unauthenticated("a bearer token is required"))?;
         if self.grants.patterns(token).is_none() {
             return Err(Status::unauthenticated("unknown bootstrap token"));
+        }
+        if request.csr.len() > self.max_csr_bytes {
+            return Err(Status::invalid_argument(format!(
+                "the CSR is {} bytes, more than the CA's limit of {}",
+                request.csr.len(),
+                self.max_csr_bytes
+            )));
         }
         let id = CaSigner::csr_spiffe_id(&request.csr)
             .map_err(|e| Status::invalid_argument(ErrorChain(&e).to_string()))?;
@@ -286,3 +354,217 @@ impl std::fmt::Display for CaConfigError {
 }
 
 impl std::error::Error for CaConfigError {}
+
+// === limits ===
+
+/// The CA server's bounds, each with a default. [`ControlPlane::start`](crate::ControlPlane::start)
+/// applies all of them; a server of one's own applies them with [`CaLimits::service`],
+/// [`CaLimits::server`] and [`limit_connections`].
+///
+/// | setting | default | past it |
+/// |---|---|---|
+/// | `max_csr_bytes` | 16 KiB of PEM | `INVALID_ARGUMENT`, before the CSR is parsed |
+/// | `max_decoding_message_size` | 64 KiB | `OUT_OF_RANGE` (tonic's code), before it is decoded |
+/// | `max_encoding_message_size` | 1 MiB | the call fails with `OUT_OF_RANGE` |
+/// | `max_concurrent_requests` | 64 calls at once, over all connections | `RESOURCE_EXHAUSTED` at once |
+/// | `request_timeout` | 10 s per call, from its headers to its answer | `CANCELLED` (tonic's server timeout) |
+/// | `max_streams_per_connection` | 16 (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`) | the client waits for a free stream |
+/// | `max_connections` | 1,024 | the connection is closed as soon as it is accepted |
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CaLimits {
+    /// The longest CSR signed, in bytes of PEM. Istio's agents send one or two KiB.
+    pub max_csr_bytes: usize,
+    /// The largest request message accepted, in bytes.
+    pub max_decoding_message_size: usize,
+    /// The largest response message sent, in bytes.
+    pub max_encoding_message_size: usize,
+    /// How many calls may be in progress at once (decoding, signing, answering); one more
+    /// is refused with `RESOURCE_EXHAUSTED`, so a flood of slow callers costs a bounded
+    /// amount of memory and honest ones are told to retry rather than left waiting.
+    pub max_concurrent_requests: usize,
+    /// How long one call may take, from its headers to its answer, so a caller that sends
+    /// its request slowly holds its place for a bounded time.
+    pub request_timeout: Duration,
+    /// How many streams (calls) one HTTP/2 connection may have open.
+    pub max_streams_per_connection: u32,
+    /// How many connections the CA keeps open at once.
+    pub max_connections: usize,
+}
+
+impl Default for CaLimits {
+    fn default() -> Self {
+        Self {
+            max_csr_bytes: 16 * 1024,
+            max_decoding_message_size: 64 * 1024,
+            max_encoding_message_size: 1024 * 1024,
+            max_concurrent_requests: 64,
+            request_timeout: Duration::from_secs(10),
+            max_streams_per_connection: 16,
+            max_connections: 1024,
+        }
+    }
+}
+
+impl CaLimits {
+    /// The CA service for `signer` with these limits: the CSR size, the message sizes and
+    /// the concurrent calls. Add it to a server from [`CaLimits::server`].
+    pub fn service(&self, signer: TokenSigner) -> ConcurrencyLimited<IstioCaServer<TokenSigner>> {
+        let ca = IstioCaServer::new(signer.with_max_csr_bytes(self.max_csr_bytes))
+            .max_decoding_message_size(self.max_decoding_message_size)
+            .max_encoding_message_size(self.max_encoding_message_size);
+        ConcurrencyLimited::new(ca, self.max_concurrent_requests)
+    }
+
+    /// A tonic server builder with the per-connection limits: streams per connection and the
+    /// call timeout.
+    pub fn server(&self) -> tonic::transport::Server {
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(self.max_streams_per_connection)
+            .timeout(self.request_timeout)
+    }
+}
+
+/// A gRPC service that serves at most a fixed number of calls at once and refuses the rest
+/// with `RESOURCE_EXHAUSTED` (made by [`CaLimits::service`]). Clones share the count.
+#[derive(Debug, Clone)]
+pub struct ConcurrencyLimited<S> {
+    inner: S,
+    permits: Arc<Semaphore>,
+    max: usize,
+}
+
+impl<S> ConcurrencyLimited<S> {
+    /// `inner`, serving at most `max` calls at once.
+    pub fn new(inner: S, max: usize) -> Self {
+        Self {
+            inner,
+            permits: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            max,
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for ConcurrencyLimited<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<B>> for ConcurrencyLimited<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
+            tracing::warn!(max = self.max, "CA call refused: too many in progress");
+            let status = Status::resource_exhausted(format!(
+                "the CA has its limit of {} calls in progress; retry later",
+                self.max
+            ));
+            return Box::pin(std::future::ready(Ok(status.into_http())));
+        };
+        // The clone that was made ready serves this call; a fresh clone stays for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let response = inner.call(req).await;
+            drop(permit);
+            response
+        })
+    }
+}
+
+/// The connections of `incoming`, at most `max` open at once: one beyond that is dropped
+/// (closed) as soon as it arrives, and the stream goes on with the next. Each connection
+/// gives its place back when it closes.
+pub fn limit_connections<I, IO, E>(
+    incoming: I,
+    max: usize,
+) -> impl Stream<Item = Result<Counted<IO>, E>> + Send
+where
+    I: Stream<Item = Result<IO, E>> + Send,
+    IO: Send,
+    E: Send,
+{
+    let permits = Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)));
+    incoming.filter_map(move |conn| match conn {
+        Ok(io) => match Arc::clone(&permits).try_acquire_owned() {
+            Ok(permit) => Some(Ok(Counted {
+                io,
+                _permit: permit,
+            })),
+            Err(_) => {
+                tracing::warn!(max, "CA connection closed: too many open connections");
+                None
+            }
+        },
+        Err(e) => Some(Err(e)),
+    })
+}
+
+/// A connection holding its place among [`limit_connections`]'s `max` until it is dropped.
+#[derive(Debug)]
+pub struct Counted<IO> {
+    io: IO,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<IO: Connected> Connected for Counted<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}

@@ -41,8 +41,10 @@
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod access;
 pub mod ca;
 pub mod manifests;
+pub mod tls;
 pub mod translate;
 
 use std::hash::Hasher;
@@ -51,15 +53,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use meshkit_identity::TrustDomain;
-use meshkit_identity::istio::IstioCaServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use ca::{TokenGrants, TokenSigner};
+use ca::{CaLimits, TokenGrants, TokenSigner};
 use manifests::{ManifestError, ManifestSet};
 use meshkit_identity::{CaLoadError, CaSigner};
 use meshkit_xds_server::{AdsServer, ServerConfig, Snapshot, SnapshotCache};
+use tls::{ServingTls, TlsSetupError};
 use translate::TranslateOptions;
 
 /// Where the CA's root comes from.
@@ -104,6 +106,18 @@ pub enum StartError {
     /// The CA's certificate or key could not be loaded or created.
     #[error("the CA could not be set up")]
     Ca(#[from] CaLoadError),
+    /// Plaintext was asked for on an address other than loopback: tokens and TLS keys would
+    /// cross the network in the clear.
+    #[error("refusing to serve {what} in plaintext on {addr}: only loopback may be plaintext")]
+    PlaintextNotLoopback {
+        /// Which listener: `ADS` or `the CA`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// The serving certificate or the TLS configuration could not be made.
+    #[error("TLS could not be set up")]
+    Tls(#[from] TlsSetupError),
 }
 
 /// Configuration of [`ControlPlane::start`]; build with [`ControlPlaneConfig::new`] and the
@@ -127,6 +141,12 @@ pub struct ControlPlaneConfig {
     pub translate: TranslateOptions,
     /// How often the folder is checked for changes. Default 200 ms.
     pub poll_interval: Duration,
+    /// Bounds of the CA server (CSR and message sizes, calls, connections). Default
+    /// [`CaLimits::default`].
+    pub ca_limits: CaLimits,
+    /// TLS for ADS and the CA; `None` for plaintext, which only loopback addresses may use
+    /// ([`StartError::PlaintextNotLoopback`]). Default on ([`ServingTls::default`]).
+    pub tls: Option<ServingTls>,
 }
 
 /// The outcome of the latest load of the manifest folder.
@@ -146,6 +166,8 @@ pub struct ControlPlane {
     ads_addr: SocketAddr,
     ca_addr: SocketAddr,
     root_pem: String,
+    /// The serving certificate's first DNS name, when serving TLS.
+    server_name: Option<String>,
     cache: SnapshotCache,
     status: watch::Receiver<LoadStatus>,
     stop: watch::Sender<bool>,
@@ -168,7 +190,22 @@ impl ControlPlaneConfig {
             grants: TokenGrants::new(),
             translate: TranslateOptions::default(),
             poll_interval: Duration::from_millis(200),
+            ca_limits: CaLimits::default(),
+            tls: Some(ServingTls::default()),
         }
+    }
+
+    /// Serves TLS as `tls` says (the default is [`ServingTls::default`]).
+    pub fn with_tls(mut self, tls: ServingTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Serves ADS and the CA in plaintext: for tests and demos on loopback only (start fails
+    /// with [`StartError::PlaintextNotLoopback`] otherwise). Clients still need tokens.
+    pub fn with_plaintext(mut self) -> Self {
+        self.tls = None;
+        self
     }
 
     /// Sets the ADS listen address (port 0 for any).
@@ -212,6 +249,12 @@ impl ControlPlaneConfig {
         self.poll_interval = interval;
         self
     }
+
+    /// Sets the CA server's bounds (default [`CaLimits::default`]).
+    pub fn with_ca_limits(mut self, limits: CaLimits) -> Self {
+        self.ca_limits = limits;
+        self
+    }
 }
 
 // === impl ControlPlane ===
@@ -241,7 +284,29 @@ impl ControlPlane {
             }
         };
         let root_pem = keys.root_pem();
+        if config.tls.is_none() {
+            for (what, addr) in [("ADS", config.ads_addr), ("the CA", config.ca_addr)] {
+                if !addr.ip().is_loopback() {
+                    return Err(StartError::PlaintextNotLoopback { what, addr });
+                }
+            }
+        }
+        let mut serving_cert = None;
+        let acceptor = match &config.tls {
+            Some(tls) => {
+                let ips = tls::listen_ips(&[config.ads_addr, config.ca_addr]);
+                let (acceptor, cert) = tls.acceptor(&keys, &ips)?;
+                serving_cert = Some(cert);
+                Some((acceptor, tls.handshake_timeout, tls.max_handshakes))
+            }
+            None => None,
+        };
+        let server_name = config
+            .tls
+            .as_ref()
+            .and_then(|t| t.dns_names.first().cloned());
         let signer = TokenSigner::new(keys, config.grants.clone());
+        let ca_limits = config.ca_limits.clone();
 
         let (ads_listener, ads_addr) = bind("ADS", config.ads_addr).await?;
         let (ca_listener, ca_addr) = bind("the CA", config.ca_addr).await?;
@@ -264,23 +329,32 @@ impl ControlPlane {
         // Delta clients resuming with many resources send them all in their first request.
         let ads = AdsServer::new(cache.clone())
             .with_config(ServerConfig::default().max_decoding_message_size(16 * 1024 * 1024))
+            .with_access(access::TokenAccess::new(config.grants.clone()))
             .with_stop(stop.subscribe());
+        let ads_incoming = tls::incoming(ads_listener, acceptor.clone());
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = ads.serve(ads_listener, stopped).await {
+            if let Err(e) = ads.serve_with_incoming(ads_incoming, stopped).await {
                 tracing::error!(error = %e, "ADS server failed");
             }
         }));
         let stopped = stop_signal(&stop);
         tasks.push(tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(ca_listener);
-            let result = tonic::transport::Server::builder()
-                .add_service(IstioCaServer::new(signer))
+            let incoming = ca::limit_connections(
+                tls::incoming(ca_listener, acceptor),
+                ca_limits.max_connections,
+            );
+            let result = ca_limits
+                .server()
+                .add_service(ca_limits.service(signer))
                 .serve_with_incoming_shutdown(incoming, stopped)
                 .await;
             if let Err(e) = result {
                 tracing::error!(error = %e, "CA server failed");
             }
         }));
+        if let Some(cert) = serving_cert {
+            tasks.push(tokio::spawn(cert.renew_until(stop.subscribe())));
+        }
         let mut stopped = stop.subscribe();
         let interval = config.poll_interval;
         tasks.push(tokio::spawn(async move {
@@ -293,11 +367,12 @@ impl ControlPlane {
                 }
             }
         }));
-        tracing::info!(%ads_addr, %ca_addr, dir = %config.manifest_dir.display(), "control plane started");
+        tracing::info!(%ads_addr, %ca_addr, tls = server_name.is_some(), dir = %config.manifest_dir.display(), "control plane started");
         Ok(Self {
             ads_addr,
             ca_addr,
             root_pem,
+            server_name,
             cache,
             status,
             stop,
@@ -310,9 +385,59 @@ impl ControlPlane {
         self.ads_addr
     }
 
-    /// `http://ADS_ADDR`, for `meshkit_xds_client::ClientConfig::new`.
+    /// `https://ADS_ADDR` (or `http://` when serving plaintext), for
+    /// `meshkit_xds_client::ClientConfig::new`; with TLS, add [`ControlPlane::client_tls`].
     pub fn ads_uri(&self) -> String {
-        format!("http://{}", self.ads_addr)
+        format!("{}://{}", self.scheme(), self.ads_addr)
+    }
+
+    /// `https://CA_ADDR` (or `http://` when serving plaintext).
+    pub fn ca_uri(&self) -> String {
+        format!("{}://{}", self.scheme(), self.ca_addr)
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.server_name.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// The name clients check the serving certificate against (its first DNS SAN); `None`
+    /// when serving plaintext.
+    pub fn server_name(&self) -> Option<&str> {
+        self.server_name.as_deref()
+    }
+
+    /// What a client needs to reach this control plane over TLS: the root, and the server
+    /// name when serving TLS.
+    ///
+    /// # Errors
+    ///
+    /// Only if the root or the name were unusable, which the control plane rules out.
+    pub fn client_tls(
+        &self,
+    ) -> Result<meshkit_xds_client::ControlPlaneTls, meshkit_xds_client::Error> {
+        let tls = meshkit_xds_client::ControlPlaneTls::from_pem(&self.root_pem)?;
+        match &self.server_name {
+            Some(name) => tls.with_server_name(name),
+            None => Ok(tls),
+        }
+    }
+
+    /// A lazily connecting gRPC channel to the CA, over TLS when serving TLS.
+    ///
+    /// # Errors
+    ///
+    /// As for [`ControlPlane::client_tls`].
+    pub fn ca_channel(
+        &self,
+    ) -> Result<tonic::transport::Channel, Box<dyn std::error::Error + Send + Sync>> {
+        if self.server_name.is_some() {
+            return Ok(self.client_tls()?.connect_lazy(&self.ca_uri())?);
+        }
+        Ok(tonic::transport::Endpoint::from_shared(self.ca_uri())?.connect_lazy())
     }
 
     /// The bound CA address.

@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
+use meshkit_control_plane::access::XdsRole;
 use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::manifests::ManifestSet;
 use meshkit_control_plane::translate::{TranslateOptions, build_snapshot};
@@ -21,10 +22,13 @@ use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{CaError, SpiffeId, request_svid};
 use meshkit_mesh::proto::address;
 use meshkit_mesh::resources::{
-    ADDRESS_TYPE_URL, AddressResource, IngressClassResource, IngressResource,
+    ADDRESS_TYPE_URL, AddressResource, INGRESS_TYPE_URL, IngressClassResource, IngressResource,
 };
 use meshkit_xds_client::protocol::Mode;
-use meshkit_xds_client::{ClientConfig, LISTENER_TYPE_URL, Resource, WatchEvent, XdsClient};
+use meshkit_xds_client::{
+    CallCredentials, ClientConfig, LISTENER_TYPE_URL, Resource, SECRET_TYPE_URL, WatchEvent,
+    XdsClient,
+};
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -75,7 +79,9 @@ async fn start(dir: &Path) -> ControlPlane {
         .grant(TOKEN_A, "spiffe://cluster.local/ns/shop/*")
         .expect("grant")
         .grant(TOKEN_A, "spiffe://cluster.local/ns/blog/sa/blog")
-        .expect("grant");
+        .expect("grant")
+        // A gateway role for any node id: these tests look at everything a gateway is sent.
+        .with_xds_role(TOKEN_A, XdsRole::Gateway("*".to_owned()));
     let config = ControlPlaneConfig::new(dir)
         .with_ads_addr(any)
         .with_ca_addr(any)
@@ -84,6 +90,33 @@ async fn start(dir: &Path) -> ControlPlane {
     ControlPlane::start(config)
         .await
         .expect("control plane starts")
+}
+
+/// `config` with the control plane's TLS and [`TOKEN_A`].
+fn secure(cp: &ControlPlane, config: ClientConfig) -> ClientConfig {
+    config
+        .with_control_plane_tls(&cp.client_tls().expect("client TLS"))
+        .expect("TLS config")
+        .bearer_token(TOKEN_A)
+        .expect("token")
+}
+
+type RawClient = AggregatedDiscoveryServiceClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, CallCredentials>,
+>;
+
+/// A raw ADS client over the control plane's TLS, with `token` (or none).
+fn raw_client(cp: &ControlPlane, token: Option<&str>) -> RawClient {
+    let channel = cp
+        .client_tls()
+        .expect("client TLS")
+        .connect_lazy(&cp.ads_uri())
+        .expect("channel");
+    let credentials = match token {
+        Some(token) => CallCredentials::bearer_token(token).expect("token"),
+        None => CallCredentials::from_fn(Ok),
+    };
+    AggregatedDiscoveryServiceClient::with_interceptor(channel, credentials)
 }
 
 fn node(id: &str) -> Node {
@@ -241,14 +274,15 @@ async fn sotw_and_delta_subscribers_get_the_resources() {
     let cp = start(&dir).await;
     let uri = cp.ads_uri();
 
-    let (sotw, sotw_driver) = XdsClient::new(ClientConfig::new(
-        &uri,
-        Mode::StateOfTheWorld,
-        node("envoy~gw"),
+    let (sotw, sotw_driver) = XdsClient::new(secure(
+        &cp,
+        ClientConfig::new(&uri, Mode::StateOfTheWorld, node("envoy~gw")),
     ));
     let sotw_task = tokio::spawn(sotw_driver.run());
-    let (delta, delta_driver) =
-        XdsClient::new(ClientConfig::new(&uri, Mode::Delta, node("ztunnel~node-a")));
+    let (delta, delta_driver) = XdsClient::new(secure(
+        &cp,
+        ClientConfig::new(&uri, Mode::Delta, node("ztunnel~node-a")),
+    ));
     let delta_task = tokio::spawn(delta_driver.run());
 
     // Node proxy: workload API over Delta.
@@ -295,10 +329,8 @@ struct RawDelta {
 }
 
 impl RawDelta {
-    async fn open(addr: SocketAddr) -> Self {
-        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connect");
+    async fn open(cp: &ControlPlane) -> Self {
+        let mut client = raw_client(cp, Some(TOKEN_A));
         let (tx, rx) = mpsc::channel(16);
         let rx = client
             .delta_aggregated_resources(ReceiverStream::new(rx))
@@ -336,10 +368,8 @@ struct RawSotw {
 }
 
 impl RawSotw {
-    async fn open(addr: SocketAddr) -> Self {
-        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connect");
+    async fn open(cp: &ControlPlane) -> Self {
+        let mut client = raw_client(cp, Some(TOKEN_A));
         let (tx, rx) = mpsc::channel(16);
         let rx = client
             .stream_aggregated_resources(ReceiverStream::new(rx))
@@ -373,7 +403,7 @@ async fn a_manifest_edit_pushes_only_what_changed_within_a_second() {
     let dir = manifest_copy("edit");
     let cp = start(&dir).await;
 
-    let mut delta = RawDelta::open(cp.ads_addr()).await;
+    let mut delta = RawDelta::open(&cp).await;
     delta
         .send(DeltaDiscoveryRequest {
             node: Some(node("ztunnel~node-a")),
@@ -389,7 +419,7 @@ async fn a_manifest_edit_pushes_only_what_changed_within_a_second() {
     assert_eq!(first.resources.len(), 9);
     delta.ack(&first).await;
 
-    let mut sotw = RawSotw::open(cp.ads_addr()).await;
+    let mut sotw = RawSotw::open(&cp).await;
     for type_url in [LISTENER_TYPE_URL, ADDRESS_TYPE_URL] {
         sotw.send(DiscoveryRequest {
             node: Some(node("envoy~gw")),
@@ -481,9 +511,10 @@ async fn a_broken_manifest_keeps_the_last_good_snapshot() {
     let good = cp.cache().current();
     assert!(!good.names(ADDRESS_TYPE_URL).is_empty());
 
-    let mut delta = RawDelta::open(cp.ads_addr()).await;
+    let mut delta = RawDelta::open(&cp).await;
     delta
         .send(DeltaDiscoveryRequest {
+            node: Some(node("ztunnel~node-a")),
             type_url: ADDRESS_TYPE_URL.to_owned(),
             ..Default::default()
         })
@@ -591,11 +622,7 @@ async fn a_broken_manifest_keeps_the_last_good_snapshot() {
 // === CA ===
 
 async fn ca_client(cp: &ControlPlane, token: Option<&str>) -> IstioCaClient {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", cp.ca_addr()))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect to CA");
+    let channel = cp.ca_channel().expect("CA channel");
     let client = IstioCaClient::new(channel);
     match token {
         Some(token) => client.with_bearer_token(token).expect("token"),
@@ -750,7 +777,7 @@ spec: {address: 127.0.0.31, ports: {http: "eighty"}}
 #[test]
 fn the_bundled_token_file_parses() {
     let grants = TokenGrants::load(&bundled().join("demo-tokens.txt")).expect("parses");
-    assert_eq!(grants.len(), 3);
+    assert_eq!(grants.len(), 4);
 }
 
 #[test]
@@ -778,4 +805,265 @@ fn hostile_manifests_are_errors_not_panics() {
     // Control characters: whatever the YAML parser makes of them, no panic.
     let mut set = ManifestSet::default();
     let _ = set.add_str(Path::new("hostile.yaml"), "\u{0}\u{1}: [");
+}
+
+// === TLS, authentication and scoping (issue 12, item 10) ===
+
+const NODE_A_TOKEN: &str = "scoped-node-a";
+const NODE_B_TOKEN: &str = "scoped-node-b";
+const GATEWAY_TOKEN: &str = "scoped-gateway";
+const CA_ONLY_TOKEN: &str = "scoped-ca-only";
+
+/// The bundled manifests plus a Secret no Ingress names and a workload on node-b that no
+/// Service selects; tokens for two node proxies, a gateway and a CA-only client.
+async fn start_scoped(test: &str) -> (ControlPlane, PathBuf) {
+    let dir = manifest_copy(test);
+    let unused = generated_tls_secret().replace("name: shop-tls", "name: unused-tls");
+    std::fs::write(dir.join("unused-secret.yaml"), unused).expect("secret");
+    std::fs::write(
+        dir.join("lonely.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata:\n  name: lonely\n  \
+         namespace: shop\nspec:\n  address: 127.0.0.99\n  serviceAccount: lonely\n  \
+         labels: {app: lonely, meshkit.io/node: node-b}\n",
+    )
+    .expect("workload");
+    let grants = TokenGrants::parse(&format!(
+        "{NODE_A_TOKEN} node=node-a spiffe://cluster.local/ns/shop/*\n\
+         {NODE_B_TOKEN} node=node-b spiffe://cluster.local/ns/shop/*\n\
+         {GATEWAY_TOKEN} gateway=gateway\n\
+         {CA_ONLY_TOKEN} spiffe://cluster.local/ns/shop/sa/web\n"
+    ))
+    .expect("tokens");
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let cp = ControlPlane::start(
+        ControlPlaneConfig::new(&dir)
+            .with_ads_addr(any)
+            .with_ca_addr(any)
+            .with_grants(grants),
+    )
+    .await
+    .expect("control plane starts");
+    (cp, dir)
+}
+
+/// Opens a Delta stream with `token` and sends one wildcard request for `type_url` as
+/// `node_id`; the first response, or the status the stream ended with. `Ok(None)`: no answer
+/// within a second.
+async fn delta_first(
+    cp: &ControlPlane,
+    token: Option<&str>,
+    node_id: &str,
+    type_url: &str,
+) -> Result<Option<DeltaDiscoveryResponse>, tonic::Status> {
+    let mut client = raw_client(cp, token);
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(DeltaDiscoveryRequest {
+        node: Some(node(node_id)),
+        type_url: type_url.to_owned(),
+        resource_names_subscribe: vec!["*".to_owned()],
+        ..Default::default()
+    })
+    .await
+    .expect("queue");
+    let mut stream = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let got = tokio::time::timeout(Duration::from_secs(1), stream.message()).await;
+    drop(tx);
+    match got {
+        Err(_) => Ok(None),
+        Ok(Ok(Some(r))) => Ok(Some(r)),
+        Ok(Ok(None)) => Err(tonic::Status::unknown("stream ended")),
+        Ok(Err(status)) => Err(status),
+    }
+}
+
+fn names(r: &DeltaDiscoveryResponse) -> BTreeSet<String> {
+    r.resources.iter().map(|r| r.name.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_ads_and_ca_are_refused_by_a_tls_control_plane() {
+    let (cp, dir) = start_scoped("plaintext-refused").await;
+    assert!(cp.ads_uri().starts_with("https://"), "{}", cp.ads_uri());
+    for addr in [cp.ads_addr(), cp.ca_addr()] {
+        let result = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut client =
+                AggregatedDiscoveryServiceClient::connect(format!("http://{addr}")).await?;
+            let (_tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(1);
+            client
+                .delta_aggregated_resources(ReceiverStream::new(rx))
+                .await
+                .map(|_| ())
+                .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
+        })
+        .await
+        .expect("refused in time");
+        assert!(result.is_err(), "plaintext to {addr} must fail");
+    }
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ads_clients_without_a_valid_token_or_with_another_node_id_are_refused() {
+    let (cp, dir) = start_scoped("auth").await;
+    let code = |r: Result<Option<DeltaDiscoveryResponse>, tonic::Status>| match r {
+        Err(status) => status.code(),
+        Ok(r) => panic!("expected a refusal, got {r:?}"),
+    };
+    let none = delta_first(&cp, None, "node-a", ADDRESS_TYPE_URL).await;
+    assert_eq!(code(none), tonic::Code::Unauthenticated);
+    let wrong = delta_first(&cp, Some("guessed"), "node-a", ADDRESS_TYPE_URL).await;
+    assert_eq!(code(wrong), tonic::Code::Unauthenticated);
+    let ca_only = delta_first(&cp, Some(CA_ONLY_TOKEN), "node-a", ADDRESS_TYPE_URL).await;
+    assert_eq!(code(ca_only), tonic::Code::PermissionDenied);
+    let other_node = delta_first(&cp, Some(NODE_A_TOKEN), "node-b", ADDRESS_TYPE_URL).await;
+    assert_eq!(code(other_node), tonic::Code::PermissionDenied);
+    // ztunnel's form of node id is accepted when its NODE_NAME is the token's node.
+    let ztunnel = |node_name: &str| {
+        use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+        let mut n = node("ztunnel~127.0.0.1~ztunnel-x.istio-system~istio-system.svc.cluster.local");
+        n.metadata = Some(Struct {
+            fields: [(
+                "NODE_NAME".to_owned(),
+                Value {
+                    kind: Some(Kind::StringValue(node_name.to_owned())),
+                },
+            )]
+            .into(),
+        });
+        n
+    };
+    for (name, expect) in [("node-a", true), ("node-b", false)] {
+        let mut client = raw_client(&cp, Some(NODE_A_TOKEN));
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(DeltaDiscoveryRequest {
+            node: Some(ztunnel(name)),
+            type_url: ADDRESS_TYPE_URL.to_owned(),
+            resource_names_subscribe: vec!["*".to_owned()],
+            ..Default::default()
+        })
+        .await
+        .expect("queue");
+        let mut stream = client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .expect("opened")
+            .into_inner();
+        let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("in time");
+        match first {
+            Ok(Some(r)) => assert!(expect && !r.resources.is_empty(), "{name}"),
+            Err(status) => {
+                assert!(!expect, "{name}: {status}");
+                assert_eq!(status.code(), tonic::Code::PermissionDenied);
+            }
+            Ok(None) => panic!("{name}: stream ended"),
+        }
+    }
+    // The right token and node id are served.
+    let ok = delta_first(&cp, Some(NODE_A_TOKEN), "node-a", ADDRESS_TYPE_URL)
+        .await
+        .expect("served")
+        .expect("answered");
+    assert!(!ok.resources.is_empty());
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_gateway_gets_secrets_and_only_those_its_routes_use() {
+    let (cp, dir) = start_scoped("secrets").await;
+    assert!(
+        cp.cache()
+            .current()
+            .names(SECRET_TYPE_URL)
+            .contains(&"shop/unused-tls".to_owned())
+    );
+    let gateway = delta_first(&cp, Some(GATEWAY_TOKEN), "gateway", SECRET_TYPE_URL)
+        .await
+        .expect("served")
+        .expect("answered");
+    assert_eq!(
+        names(&gateway),
+        BTreeSet::from(["shop/shop-tls".to_owned()])
+    );
+    // A node proxy is not served Secrets at all.
+    let node = delta_first(&cp, Some(NODE_A_TOKEN), "node-a", SECRET_TYPE_URL)
+        .await
+        .expect("not refused");
+    assert!(
+        node.as_ref().is_none_or(|r| r.resources.is_empty()),
+        "{node:?}"
+    );
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_proxy_gets_its_workloads_and_those_services_reach() {
+    let (cp, dir) = start_scoped("scoped-workloads").await;
+    let lonely = "Kubernetes/networking.istio.io/WorkloadEntry/shop/lonely";
+    let all = cp.cache().current().names(ADDRESS_TYPE_URL);
+    assert!(all.contains(&lonely.to_owned()));
+    let a = delta_first(&cp, Some(NODE_A_TOKEN), "node-a", ADDRESS_TYPE_URL)
+        .await
+        .expect("served")
+        .expect("answered");
+    let a = names(&a);
+    assert!(
+        !a.contains(lonely),
+        "node-a must not see node-b's lone workload"
+    );
+    // Every Service, and the workloads behind them (web-2 is on node-b).
+    assert!(a.contains("shop/web.shop.svc.cluster.local"), "{a:?}");
+    assert!(a.contains("Kubernetes/networking.istio.io/WorkloadEntry/shop/web-2"));
+    assert_eq!(a.len(), all.len() - 1, "{a:?}");
+    let b = delta_first(&cp, Some(NODE_B_TOKEN), "node-b", ADDRESS_TYPE_URL)
+        .await
+        .expect("served")
+        .expect("answered");
+    assert!(names(&b).contains(lonely));
+    // The node proxy is sent no gateway resources.
+    let ingress = delta_first(&cp, Some(NODE_A_TOKEN), "node-a", INGRESS_TYPE_URL)
+        .await
+        .expect("not refused");
+    assert!(ingress.is_none_or(|r| r.resources.is_empty()));
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_is_refused_on_a_non_loopback_address() {
+    let dir = manifest_copy("plaintext-wildcard");
+    let result = ControlPlane::start(
+        ControlPlaneConfig::new(&dir)
+            .with_ads_addr(SocketAddr::from(([0, 0, 0, 0], 0)))
+            .with_ca_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .with_plaintext(),
+    )
+    .await;
+    assert!(
+        matches!(
+            result,
+            Err(meshkit_control_plane::StartError::PlaintextNotLoopback { what: "ADS", .. })
+        ),
+        "{result:?}"
+    );
+    // Plaintext on loopback is allowed, and still needs a token.
+    let cp = ControlPlane::start(
+        ControlPlaneConfig::new(&dir)
+            .with_ads_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .with_ca_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .with_plaintext(),
+    )
+    .await
+    .expect("loopback plaintext");
+    assert!(cp.ads_uri().starts_with("http://"));
+    assert!(cp.server_name().is_none());
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -118,7 +118,72 @@ impl Default for MeshOptions {
 /// on `admin` (port 0: any free port; Envoy writes the bound address to
 /// `--admin-address-path` if asked).
 pub fn envoy_bootstrap(ads: SocketAddr, node_id: &str, delta: bool, admin: SocketAddr) -> String {
+    envoy_bootstrap_with(ads, node_id, delta, admin, &EnvoyXdsSecurity::default())
+}
+
+/// The demo's token for Envoy gateways (`gateway=envoy-gateway*` in `demo-tokens.txt`).
+pub const ENVOY_TOKEN: &str = "demo-envoy-token";
+
+/// How an Envoy reaches the control plane: the bearer token it sends on the ADS stream, and
+/// TLS (the root PEM and the server name to check) when the control plane serves TLS.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvoyXdsSecurity {
+    /// Sent as `authorization: Bearer TOKEN`; `None`: no token.
+    pub token: Option<String>,
+    /// `(root PEM, server name)`; `None`: plaintext.
+    pub tls: Option<(String, String)>,
+}
+
+impl EnvoyXdsSecurity {
+    /// What the demo's Envoy needs for `control_plane`: [`ENVOY_TOKEN`], and its TLS.
+    pub fn demo(control_plane: &ControlPlane) -> Self {
+        Self {
+            token: Some(ENVOY_TOKEN.to_owned()),
+            tls: control_plane
+                .server_name()
+                .map(|name| (control_plane.root_pem().to_owned(), name.to_owned())),
+        }
+    }
+}
+
+/// As [`envoy_bootstrap`], with the token and TLS of `security` for the ADS connection.
+pub fn envoy_bootstrap_with(
+    ads: SocketAddr,
+    node_id: &str,
+    delta: bool,
+    admin: SocketAddr,
+    security: &EnvoyXdsSecurity,
+) -> String {
     let api_type = if delta { "DELTA_GRPC" } else { "GRPC" };
+    let metadata = match &security.token {
+        Some(token) => format!(
+            "\n      initial_metadata: [{{ key: authorization, value: \"Bearer {token}\" }}]"
+        ),
+        None => String::new(),
+    };
+    let transport = match &security.tls {
+        Some((root, name)) => {
+            let root = root.replace('\n', "\\n");
+            format!(
+                r#"
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: {name}
+        common_tls_context:
+          # The control plane speaks TLS 1.3 only; Envoy's upstream default stops at 1.2.
+          tls_params: {{ tls_minimum_protocol_version: TLSv1_3, tls_maximum_protocol_version: TLSv1_3 }}
+          alpn_protocols: [h2]
+          validation_context:
+            trusted_ca: {{ inline_string: "{root}" }}
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{ exact: {name} }}"#
+            )
+        }
+        None => String::new(),
+    };
     format!(
         r#"node:
   id: {node_id}
@@ -131,7 +196,7 @@ dynamic_resources:
     transport_api_version: V3
     set_node_on_first_message_only: true
     grpc_services:
-    - envoy_grpc: {{ cluster_name: xds }}
+    - envoy_grpc: {{ cluster_name: xds }}{metadata}
   lds_config: {{ ads: {{}}, resource_api_version: V3 }}
   cds_config: {{ ads: {{}}, resource_api_version: V3 }}
 static_resources:
@@ -148,7 +213,7 @@ static_resources:
       endpoints:
       - lb_endpoints:
         - endpoint:
-            address: {{ socket_address: {{ address: {ads_ip}, port_value: {ads_port} }} }}
+            address: {{ socket_address: {{ address: {ads_ip}, port_value: {ads_port} }} }}{transport}
 "#,
         admin_ip = admin.ip(),
         admin_port = admin.port(),
@@ -245,9 +310,8 @@ impl DemoMesh {
         ));
         let bundles: Arc<TrustBundleSet> =
             Arc::new(TrustBundle::from_pem(td.clone(), control_plane.root_pem())?.into());
-        let ca_channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", control_plane.ca_addr()))?
-                .connect_lazy();
+        // The CA and ADS speak TLS with a certificate from the control plane's own CA.
+        let ca_channel = control_plane.ca_channel()?;
         let mut tasks = Vec::new();
 
         // Node proxies: certificates from the CA, workloads over Delta ADS.
@@ -256,7 +320,7 @@ impl DemoMesh {
         for (node, token) in NODES {
             let ca = IstioCaClient::new(ca_channel.clone()).with_bearer_token(token)?;
             let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
-            let (rx, feed) = mesh_over_xds(xds_config(&control_plane, Mode::Delta, node));
+            let (rx, feed) = mesh_over_xds(xds_config(&control_plane, Mode::Delta, node, token)?);
             tasks.extend(feed);
             let proxy = NodeProxy::start(
                 node_proxy_config(node, &td),
@@ -275,13 +339,20 @@ impl DemoMesh {
         let ca = IstioCaClient::new(ca_channel).with_bearer_token(GATEWAY_TOKEN)?;
         let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
         certs.get(&gateway_id).await?;
-        let (gateway_config, feed) =
-            gateway_config_over_xds(xds_config(&control_plane, Mode::StateOfTheWorld, "gateway"));
+        let (gateway_config, feed) = gateway_config_over_xds(xds_config(
+            &control_plane,
+            Mode::StateOfTheWorld,
+            "gateway",
+            GATEWAY_TOKEN,
+        )?);
         tasks.extend(feed);
         let hbone =
             meshkit_hbone::Client::new(meshkit_cli::hbone_client_config(), certs, bundles.clone());
         let gateway = Gateway::new(
-            GatewaySettings::new(gateway_id).with_provider(meshkit_cli::crypto_provider()),
+            // The demo shows who answered: the backend headers are its point.
+            GatewaySettings::new(gateway_id)
+                .with_provider(meshkit_cli::crypto_provider())
+                .with_backend_headers(true),
             hbone,
             gateway_config.clone(),
         );
@@ -410,14 +481,24 @@ impl DemoMesh {
     }
 }
 
-/// The demo's xDS client configuration for `node` of the demo cluster.
-fn xds_config(control_plane: &ControlPlane, mode: Mode, node: &str) -> XdsConfig {
+/// The demo's xDS client configuration for `node` of the demo cluster, with the control
+/// plane's TLS (when it serves TLS) and the node's token.
+fn xds_config(
+    control_plane: &ControlPlane,
+    mode: Mode,
+    node: &str,
+    token: &str,
+) -> Result<XdsConfig, CliError> {
     let node = Node {
         id: node.to_owned(),
         cluster: DEMO_CLUSTER.to_owned(),
         ..Default::default()
     };
-    XdsConfig::new(control_plane.ads_uri(), mode, node)
+    let mut config = XdsConfig::new(control_plane.ads_uri(), mode, node).bearer_token(token)?;
+    if control_plane.server_name().is_some() {
+        config = config.with_control_plane_tls(&control_plane.client_tls()?)?;
+    }
+    Ok(config)
 }
 
 /// A node proxy of the demo, with the programs' crypto provider.

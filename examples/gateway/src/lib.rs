@@ -12,7 +12,13 @@
 //!   `ENDPOINT_IP:15008` expecting the endpoint workload's SPIFFE ID, presenting its own, and
 //!   speaks HTTP/1.1 inside. Endpoints are taken round-robin per service port; an endpoint
 //!   whose tunnel cannot be opened is skipped; 503 when none can. `X-Forwarded-For`,
-//!   `X-Forwarded-Proto` and `Forwarded` name the client.
+//!   `X-Forwarded-Proto` and `Forwarded` name the client; a client's own `X-Forwarded-For`
+//!   and `Forwarded` are kept only from [`GatewaySettings::trusted_proxies`] (default none:
+//!   replaced). Answers name the backend ([`BACKEND_WORKLOAD`], [`BACKEND_IDENTITY`]) only
+//!   with [`GatewaySettings::expose_backend_headers`].
+//! - **Limits.** Connections, the protocol sniff, request heads, idle connections, HTTP/2
+//!   PINGs and streams, request bodies (size and time) and the backend's answer are each
+//!   bounded; [`GatewaySettings`] lists every bound with its default.
 //! - **Connection reuse.** A backend connection (HTTP/1.1 in a tunnel of its own) goes back
 //!   to a pool per endpoint once its response has been read to the end, and serves later
 //!   requests from any client; one that closed meanwhile hands its request to a new tunnel.
@@ -44,35 +50,31 @@
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod cidr;
+mod conn;
 pub mod feed;
 mod proxy;
 pub mod stack;
 mod tls;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use meshkit_hbone::Client;
 use meshkit_identity::{SpiffeId, TrustDomain};
 use meshkit_ingress_model::{Ingress, IngressClass, RouteTable};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
+pub use cidr::{Cidr, CidrError};
 pub use proxy::{BACKEND_IDENTITY, BACKEND_WORKLOAD, Body};
 
 use meshkit_mesh::{MeshConfig, MeshIndex};
 use rustls::crypto::CryptoProvider;
-
-/// How long an HTTP/1 client may take to send a request head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A serving certificate from a `kubernetes.io/tls` Secret: a PEM certificate chain and its
 /// PEM private key, by the Secret's namespace and name.
@@ -104,6 +106,23 @@ pub struct GatewayConfig {
 }
 
 /// What is fixed for a gateway's run.
+///
+/// Besides identity and routing, it bounds what one client can hold (every bound has a
+/// default and a `with_*` setter):
+///
+/// | setting | default | bounds |
+/// |---|---|---|
+/// | [`max_connections`](Self::max_connections) | 10,000 | client connections open at once, all listeners of the gateway together; more are closed at accept |
+/// | [`tls_handshake_timeout`](Self::tls_handshake_timeout) | 10 s | TCP accept to a finished TLS handshake |
+/// | [`sniff_timeout`](Self::sniff_timeout) | 10 s | the first bytes that tell HTTP/1 from HTTP/2 (after TLS, if any) |
+/// | [`header_read_timeout`](Self::header_read_timeout) | 30 s | an HTTP/1 request head, and the wait for the next one on a keep-alive connection |
+/// | [`max_header_bytes`](Self::max_header_bytes) | 32 KiB | an HTTP/1 request head (431), an HTTP/2 header list |
+/// | [`idle_timeout`](Self::idle_timeout) | 60 s | a client connection with no request in flight |
+/// | [`http2_keepalive_interval`](Self::http2_keepalive_interval), [`http2_keepalive_timeout`](Self::http2_keepalive_timeout) | 30 s, 10 s | an HTTP/2 client that stops answering PINGs |
+/// | [`http2_max_concurrent_streams`](Self::http2_max_concurrent_streams) | 200 | streams open at once on one HTTP/2 connection |
+/// | [`max_request_body_bytes`](Self::max_request_body_bytes) | 16 MiB | a request body (413) |
+/// | [`request_body_timeout`](Self::request_body_timeout) | 60 s | receiving a request body, from the start of forwarding to its end (408) |
+/// | [`response_timeout`](Self::response_timeout) | 30 s | the backend's answer, from the end of the request body to the response head (504) |
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct GatewaySettings {
@@ -124,6 +143,55 @@ pub struct GatewaySettings {
     /// loads. Default: meshkit-identity's ring provider; a program passes the one all its TLS
     /// endpoints share.
     pub provider: Arc<CryptoProvider>,
+    /// Client connections open at once, over all the listeners this gateway serves (TLS
+    /// handshakes included); a connection accepted beyond it is closed at once. Default:
+    /// 10,000 (the process's file descriptor limit must allow as many).
+    pub max_connections: usize,
+    /// How long a new connection (after its TLS handshake, if any) may take to send the
+    /// bytes that tell HTTP/1 from HTTP/2 (up to the 24 bytes of the HTTP/2 preface); a
+    /// connection that does not is closed. Default: 10 s.
+    pub sniff_timeout: Duration,
+    /// How long an HTTP/1 client may take to send a request head, counted from when the
+    /// gateway starts waiting for it (so it also ends a keep-alive connection that sends no
+    /// next request). A connection that does not is closed. Default: 30 s.
+    pub header_read_timeout: Duration,
+    /// The largest request head: HTTP/1's start line and headers (more: 431 and the
+    /// connection closed), HTTP/2's header list (announced in SETTINGS; more: the stream is
+    /// refused). Default: 32 KiB.
+    pub max_header_bytes: usize,
+    /// How long a client connection may stay with no request in flight (a response still
+    /// being sent counts as in flight) before the gateway closes it: HTTP/2 with a GOAWAY,
+    /// HTTP/1 at once. Default: 60 s.
+    pub idle_timeout: Duration,
+    /// How often the gateway PINGs an HTTP/2 client; `None`: never. Default: 30 s.
+    pub http2_keepalive_interval: Option<Duration>,
+    /// How long an HTTP/2 client may take to answer a PING before its connection is closed.
+    /// Default: 10 s.
+    pub http2_keepalive_timeout: Duration,
+    /// Streams an HTTP/2 client may have open at once on one connection. Default: 200.
+    pub http2_max_concurrent_streams: u32,
+    /// The largest request body, in bytes. A `Content-Length` above it gets 413 before
+    /// anything is forwarded; a body without one that grows past it is cut off and the
+    /// client gets 413 (the backend sees the request fail). Default: 16 MiB.
+    pub max_request_body_bytes: u64,
+    /// How long the gateway waits for the whole request body, from when it starts
+    /// forwarding the request; a body that takes longer is cut off and the client gets 408.
+    /// Separate from [`response_timeout`](Self::response_timeout), which starts only once
+    /// the body has been sent. Default: 60 s.
+    pub request_body_timeout: Duration,
+    /// How long a backend may take to answer (its response head), counted from the end of
+    /// the request body; longer: 504. A backend that stops reading the body (so the body
+    /// never ends) gets it from the body's deadline. Default: 30 s.
+    pub response_timeout: Duration,
+    /// The peers whose `X-Forwarded-For` and `Forwarded` headers are kept (the gateway
+    /// appends the peer to them). From any other peer the gateway drops both and names only
+    /// the peer: a client cannot make a backend believe it comes from another address.
+    /// Default: none (the gateway is the first hop that counts).
+    pub trusted_proxies: Vec<Cidr>,
+    /// Debugging aid: when set, answers carry [`BACKEND_WORKLOAD`] and [`BACKEND_IDENTITY`],
+    /// naming the workload that answered and the SPIFFE ID its end of the tunnel proved.
+    /// Default: off (they tell a client about the mesh's insides).
+    pub expose_backend_headers: bool,
 }
 
 impl GatewaySettings {
@@ -137,6 +205,19 @@ impl GatewaySettings {
             tls_handshake_timeout: Duration::from_secs(10),
             backend_idle_timeout: Duration::from_secs(60),
             provider: meshkit_identity::default_provider(),
+            max_connections: 10_000,
+            sniff_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(30),
+            max_header_bytes: 32 * 1024,
+            idle_timeout: Duration::from_secs(60),
+            http2_keepalive_interval: Some(Duration::from_secs(30)),
+            http2_keepalive_timeout: Duration::from_secs(10),
+            http2_max_concurrent_streams: 200,
+            max_request_body_bytes: 16 * 1024 * 1024,
+            request_body_timeout: Duration::from_secs(60),
+            response_timeout: Duration::from_secs(30),
+            trusted_proxies: Vec::new(),
+            expose_backend_headers: false,
         }
     }
 
@@ -163,6 +244,86 @@ impl GatewaySettings {
         self.ingress_class = Some(class.into());
         self
     }
+
+    /// Sets how long a client's TLS handshake may take.
+    pub fn with_tls_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.tls_handshake_timeout = timeout;
+        self
+    }
+
+    /// Sets how many client connections may be open at once (at least 1).
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Sets how long a new connection may take to show its HTTP version.
+    pub fn with_sniff_timeout(mut self, timeout: Duration) -> Self {
+        self.sniff_timeout = timeout;
+        self
+    }
+
+    /// Sets how long an HTTP/1 client may take to send a request head.
+    pub fn with_header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.header_read_timeout = timeout;
+        self
+    }
+
+    /// Sets the largest request head (raised to 8 KiB if below: HTTP/1 needs that much).
+    pub fn with_max_header_bytes(mut self, max: usize) -> Self {
+        self.max_header_bytes = max.max(8 * 1024);
+        self
+    }
+
+    /// Sets how long a client connection may stay with no request in flight.
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Sets how often HTTP/2 clients are PINGed (`None`: never) and how long one may take to
+    /// answer.
+    pub fn with_http2_keepalive(mut self, interval: Option<Duration>, timeout: Duration) -> Self {
+        self.http2_keepalive_interval = interval;
+        self.http2_keepalive_timeout = timeout;
+        self
+    }
+
+    /// Sets how many streams an HTTP/2 client may have open on one connection.
+    pub fn with_http2_max_concurrent_streams(mut self, max: u32) -> Self {
+        self.http2_max_concurrent_streams = max;
+        self
+    }
+
+    /// Sets the largest request body, in bytes.
+    pub fn with_max_request_body_bytes(mut self, max: u64) -> Self {
+        self.max_request_body_bytes = max;
+        self
+    }
+
+    /// Sets how long the gateway waits for a request body.
+    pub fn with_request_body_timeout(mut self, timeout: Duration) -> Self {
+        self.request_body_timeout = timeout;
+        self
+    }
+
+    /// Sets how long a backend may take to answer once the request body has been sent.
+    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Sets the peers whose forwarding headers are kept.
+    pub fn with_trusted_proxies(mut self, proxies: impl IntoIterator<Item = Cidr>) -> Self {
+        self.trusted_proxies = proxies.into_iter().collect();
+        self
+    }
+
+    /// Sends (`true`) or not the [`BACKEND_WORKLOAD`] and [`BACKEND_IDENTITY`] answer headers.
+    pub fn with_backend_headers(mut self, expose: bool) -> Self {
+        self.expose_backend_headers = expose;
+        self
+    }
 }
 
 /// One configuration, compiled for lookups.
@@ -182,6 +343,8 @@ struct Shared {
     positions: Mutex<HashMap<(String, String, u16), usize>>,
     /// Idle backend connections, reused across requests.
     pool: Arc<proxy::BackendPool>,
+    /// One permit per client connection, [`GatewaySettings::max_connections`] in all.
+    connections: Arc<Semaphore>,
 }
 
 /// A running gateway: cheap to clone, serves any number of listeners.
@@ -221,6 +384,7 @@ impl Gateway {
         };
         let (tx, rx) = watch::channel(compile(&config.borrow_and_update()));
         let pool = Arc::new(proxy::BackendPool::new(settings.backend_idle_timeout));
+        let settings_max_connections = settings.max_connections;
         let idle = pool.clone();
         let task = tokio::spawn(async move {
             while config.changed().await.is_ok() {
@@ -240,6 +404,9 @@ impl Gateway {
             current: rx,
             positions: Mutex::default(),
             pool,
+            connections: Arc::new(Semaphore::new(
+                settings_max_connections.clamp(1, Semaphore::MAX_PERMITS),
+            )),
         });
         Self {
             stack: stack::build(shared.clone()),
@@ -286,18 +453,37 @@ impl Gateway {
                     continue;
                 }
             };
+            // At the cap, closed at once: a client learns now, not after a timeout.
+            let Ok(permit) = self.shared.connections.clone().try_acquire_owned() else {
+                tracing::debug!(%client, max = self.shared.settings.max_connections, "connection limit reached; closed");
+                drop(sock);
+                continue;
+            };
             let _ = sock.set_nodelay(true);
             let shared = self.shared.clone();
             let stack = self.stack.clone();
             let tls = tls.clone();
+            // Whether the peer's forwarding headers count is decided once per connection.
+            let trusted = shared
+                .settings
+                .trusted_proxies
+                .iter()
+                .any(|net| net.contains(client.ip()));
             connections.spawn(async move {
+                let _permit = permit;
+                let settings = &shared.settings;
+                let peer = |scheme| stack::Client {
+                    addr: client,
+                    scheme,
+                    trusted_proxy: trusted,
+                };
                 match tls {
-                    None => serve_connection(stack, sock, client, "http").await,
+                    None => conn::serve(settings, stack, sock, peer("http")).await,
                     Some(acceptor) => {
-                        let timeout = shared.settings.tls_handshake_timeout;
+                        let timeout = settings.tls_handshake_timeout;
                         match tokio::time::timeout(timeout, acceptor.accept(sock)).await {
                             Ok(Ok(stream)) => {
-                                serve_connection(stack, stream, client, "https").await;
+                                conn::serve(settings, stack, stream, peer("https")).await;
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(%client, error = %e, "TLS handshake failed");
@@ -326,30 +512,6 @@ impl std::fmt::Debug for Gateway {
         f.debug_struct("Gateway")
             .field("identity", &self.shared.settings.identity)
             .finish_non_exhaustive()
-    }
-}
-
-async fn serve_connection<IO>(stack: stack::Stack, io: IO, client: SocketAddr, scheme: &'static str)
-where
-    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
-    let client = stack::Client {
-        addr: client,
-        scheme,
-    };
-    let service =
-        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(client);
-            tower::ServiceExt::oneshot(stack.clone(), req)
-        });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // A client that does not finish its request head in time is dropped (slowloris).
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    if let Err(e) = builder.serve_connection(TokioIo::new(io), service).await {
-        tracing::debug!(client = %client.addr, error = %e, "client connection ended with an error");
     }
 }
 

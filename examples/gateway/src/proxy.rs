@@ -3,8 +3,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,11 +14,11 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use meshkit_identity::SpiffeId;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 /// The body type of every gateway response.
 pub type Body = BoxBody<Bytes, hyper::Error>;
@@ -26,9 +28,6 @@ pub const BACKEND_IDENTITY: &str = "x-meshkit-backend-identity";
 
 /// Response header naming the workload that answered.
 pub const BACKEND_WORKLOAD: &str = "x-meshkit-backend-workload";
-
-/// How long a backend may take to answer once the request is sent.
-pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Headers that belong to one connection and are not forwarded (RFC 9110, 7.6.1).
 const HOP_BY_HOP: [&str; 8] = [
@@ -70,7 +69,7 @@ pub(crate) type PoolKey = (SocketAddr, SocketAddr, SpiffeId);
 /// (taken for a request, closed, or the pool cleared) drops `_timer`, which ends the timer.
 struct Idle {
     id: u64,
-    sender: SendRequest<Incoming>,
+    sender: SendRequest<RequestBody>,
     _timer: oneshot::Sender<()>,
 }
 
@@ -92,7 +91,7 @@ impl BackendPool {
     }
 
     /// An idle connection to `key` that can take a request now; closed ones are dropped.
-    pub(crate) fn checkout(&self, key: &PoolKey) -> Option<SendRequest<Incoming>> {
+    pub(crate) fn checkout(&self, key: &PoolKey) -> Option<SendRequest<RequestBody>> {
         let mut idle = self.lock();
         let list = idle.get_mut(key)?;
         let mut found = None;
@@ -114,7 +113,7 @@ impl BackendPool {
     pub(crate) fn put_back_when_ready(
         self: &Arc<Self>,
         key: PoolKey,
-        mut sender: SendRequest<Incoming>,
+        mut sender: SendRequest<RequestBody>,
     ) {
         let pool = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -169,13 +168,139 @@ pub(crate) enum Exchange {
     /// The request failed after it was sent: the client gets this error.
     Failed(Response<Body>),
     /// The connection could not take the request (it had closed); here it is back.
-    NotSent(Request<Incoming>),
+    NotSent(Request<RequestBody>),
+}
+
+/// How far a request body has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Upload {
+    /// Still arriving.
+    Sending,
+    /// Arrived to its end.
+    Done,
+    /// Grew past the size limit: cut off (413).
+    TooLarge,
+    /// Did not arrive within the body timeout: cut off (408).
+    TimedOut,
+    /// The client's side failed.
+    Failed,
+}
+
+/// A client's request body on its way to the backend, within the gateway's size and time
+/// limits; it reports how far it got through a watch channel.
+pub(crate) struct RequestBody {
+    inner: Incoming,
+    received: u64,
+    limit: u64,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    progress: watch::Sender<Upload>,
+}
+
+/// Why the gateway cut a request body off.
+#[derive(Debug)]
+struct BodyCut(&'static str);
+
+impl std::fmt::Display for BodyCut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for BodyCut {}
+
+// === impl RequestBody ===
+
+impl RequestBody {
+    /// `inner`, limited to `limit` bytes and to `timeout` from now.
+    pub(crate) fn new(inner: Incoming, limit: u64, timeout: Duration) -> Self {
+        let state = if inner.is_end_stream() {
+            Upload::Done
+        } else {
+            Upload::Sending
+        };
+        Self {
+            inner,
+            received: 0,
+            limit,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            progress: watch::Sender::new(state),
+        }
+    }
+
+    /// Follows the body's progress; the channel closes when the body is dropped.
+    pub(crate) fn progress(&self) -> watch::Receiver<Upload> {
+        self.progress.subscribe()
+    }
+
+    /// When the body must have arrived.
+    pub(crate) fn deadline(&self) -> tokio::time::Instant {
+        self.deadline.deadline()
+    }
+
+    fn end(&mut self, how: Upload) {
+        self.progress.send_replace(how);
+    }
+}
+
+impl HttpBody for RequestBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if *this.progress.borrow() != Upload::Sending {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.received += data.len() as u64;
+                    if this.received > this.limit {
+                        this.end(Upload::TooLarge);
+                        return Poll::Ready(Some(Err(Box::new(BodyCut(
+                            "request body over the limit",
+                        )))));
+                    }
+                }
+                if this.inner.is_end_stream() {
+                    this.end(Upload::Done);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.end(Upload::Failed);
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                this.end(Upload::Done);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.deadline.as_mut().poll(cx).is_ready() {
+                    this.end(Upload::TimedOut);
+                    return Poll::Ready(Some(Err(Box::new(BodyCut("request body timed out")))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        *self.progress.borrow() != Upload::Sending || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Speaks HTTP/1.1 over `tunnel`.
 pub(crate) async fn connect(
     tunnel: meshkit_hbone::Tunnel,
-) -> Result<SendRequest<Incoming>, Response<Body>> {
+) -> Result<SendRequest<RequestBody>, Response<Body>> {
     let (sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tunnel)).await {
         Ok(pair) => pair,
         Err(e) => {
@@ -191,26 +316,52 @@ pub(crate) async fn connect(
     Ok(sender)
 }
 
-/// Sends `req` over `sender` and relays the answer.
+/// Sends `req` over `sender` and relays the answer. The backend has `response_timeout` to
+/// answer, counted from the end of the request body (whose own bounds its [`RequestBody`]
+/// enforces): a slow upload is the client's delay, not the backend's.
 pub(crate) async fn exchange(
-    sender: &mut SendRequest<Incoming>,
-    req: Request<Incoming>,
+    sender: &mut SendRequest<RequestBody>,
+    req: Request<RequestBody>,
+    response_timeout: Duration,
 ) -> Exchange {
-    match tokio::time::timeout(RESPONSE_TIMEOUT, sender.try_send_request(req)).await {
-        Ok(Ok(resp)) => {
+    let mut upload = req.body().progress();
+    // A backend that reads neither the body nor answers leaves the body unpolled, so its own
+    // deadline never fires: past it, the backend still gets `response_timeout`, no more.
+    let backstop = req.body().deadline() + response_timeout;
+    let send = sender.try_send_request(req);
+    let mut send = std::pin::pin!(send);
+    let early = tokio::select! {
+        biased;
+        result = send.as_mut() => Some(Some(result)),
+        // Ended, cut off, or dropped (the channel closes): the backend's turn.
+        _ = upload.wait_for(|u| *u != Upload::Sending) => None,
+        () = tokio::time::sleep_until(backstop) => Some(None),
+    };
+    let result = match early {
+        Some(Some(result)) => Some(result),
+        Some(None) => None,
+        None => tokio::time::timeout(response_timeout, send).await.ok(),
+    };
+    match result {
+        Some(Ok(resp)) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             parts.headers.remove(header::TRANSFER_ENCODING);
             Exchange::Answered(Response::from_parts(parts, body.boxed()))
         }
-        Ok(Err(mut e)) => match e.take_message() {
+        Some(Err(mut e)) => match e.take_message() {
             Some(req) => Exchange::NotSent(req),
-            None => {
-                tracing::info!(error = %e.error(), "backend request failed");
-                Exchange::Failed(error(StatusCode::BAD_GATEWAY, "backend request failed"))
-            }
+            None => Exchange::Failed(match *upload.borrow() {
+                Upload::TooLarge => error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large"),
+                Upload::TimedOut => error(StatusCode::REQUEST_TIMEOUT, "request body timed out"),
+                Upload::Failed => error(StatusCode::BAD_REQUEST, "request body failed"),
+                Upload::Sending | Upload::Done => {
+                    tracing::info!(error = %e.error(), "backend request failed");
+                    error(StatusCode::BAD_GATEWAY, "backend request failed")
+                }
+            }),
         },
-        Err(_) => Exchange::Failed(error(StatusCode::GATEWAY_TIMEOUT, "backend timed out")),
+        None => Exchange::Failed(error(StatusCode::GATEWAY_TIMEOUT, "backend timed out")),
     }
 }
 
@@ -230,11 +381,14 @@ pub(crate) fn request_host<B>(req: &Request<B>) -> Option<String> {
 
 /// Rewrites the request for an HTTP/1.1 backend: origin-form URI, `Host`, no hop-by-hop
 /// headers, and `X-Forwarded-For`, `X-Forwarded-Proto` and `Forwarded` naming the client.
+/// The client's own `X-Forwarded-For` and `Forwarded` are kept (and the client appended)
+/// only when it is a `trusted` proxy; otherwise they are replaced by the client alone.
 pub(crate) fn prepare<B>(
     req: &mut Request<B>,
     host: &str,
     client: SocketAddr,
     scheme: &'static str,
+    trusted: bool,
 ) {
     let path = req
         .uri()
@@ -249,6 +403,11 @@ pub(crate) fn prepare<B>(
     strip_hop_by_hop(headers);
     if let Ok(value) = HeaderValue::from_str(host) {
         headers.insert(header::HOST, value);
+    }
+    if !trusted {
+        // Whatever an untrusted peer claims about earlier hops is its own word.
+        headers.remove("x-forwarded-for");
+        headers.remove(header::FORWARDED);
     }
     let ip = client.ip().to_string();
     let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
@@ -332,6 +491,7 @@ mod tests {
             "shop.example.com",
             "[::1]:4000".parse().expect("addr"),
             "https",
+            true,
         );
         assert_eq!(req.version(), Version::HTTP_11);
         assert_eq!(req.uri(), "/a/b?c=d");
@@ -345,6 +505,28 @@ mod tests {
         assert_eq!(
             h["forwarded"],
             "for=10.0.0.1, for=\"[::1]\";host=\"shop.example.com\";proto=https"
+        );
+    }
+
+    #[test]
+    fn an_untrusted_client_cannot_claim_earlier_hops() {
+        let mut req = Request::builder()
+            .uri("/")
+            .header("x-forwarded-for", "203.0.113.9")
+            .header("forwarded", "for=203.0.113.9")
+            .body(())
+            .expect("request");
+        prepare(
+            &mut req,
+            "shop.example.com",
+            "192.0.2.1:4000".parse().expect("addr"),
+            "http",
+            false,
+        );
+        assert_eq!(req.headers()["x-forwarded-for"], "192.0.2.1");
+        assert_eq!(
+            req.headers()["forwarded"],
+            "for=192.0.2.1;host=\"shop.example.com\";proto=http"
         );
     }
 

@@ -45,6 +45,10 @@ pub struct Client {
     pub addr: SocketAddr,
     /// `http` or `https`.
     pub scheme: &'static str,
+    /// Whether the client is one of the gateway's trusted proxies
+    /// ([`GatewaySettings::trusted_proxies`](crate::GatewaySettings::trusted_proxies)): its
+    /// `X-Forwarded-For` and `Forwarded` are kept.
+    pub trusted_proxy: bool,
 }
 
 /// What [`RouteLayer`] found: the request's host and the backend its route names.
@@ -357,7 +361,13 @@ where
             };
         };
         let host = target.host.clone();
-        proxy::prepare(&mut req, &host, client.addr, client.scheme);
+        proxy::prepare(
+            &mut req,
+            &host,
+            client.addr,
+            client.scheme,
+            client.trusted_proxy,
+        );
         RewriteFuture {
             inner: FilterFuture::Inner(self.inner.call(req)),
             version,
@@ -391,7 +401,16 @@ where
 /// Forwards to the resolved endpoints in turn: an idle pooled connection to the endpoint
 /// first, else a new HBONE tunnel presenting the gateway's identity and expecting the
 /// endpoint workload's; an endpoint whose tunnel cannot be opened is skipped (503 when none
-/// can). The answer names the workload that answered and the identity its end proved.
+/// can). A request body is held to [`GatewaySettings::max_request_body_bytes`] (413) and
+/// [`GatewaySettings::request_body_timeout`] (408); the backend then has
+/// [`GatewaySettings::response_timeout`] to answer (504). With
+/// [`GatewaySettings::expose_backend_headers`], the answer names the workload that answered
+/// and the identity its end proved.
+///
+/// [`GatewaySettings::max_request_body_bytes`]: crate::GatewaySettings::max_request_body_bytes
+/// [`GatewaySettings::request_body_timeout`]: crate::GatewaySettings::request_body_timeout
+/// [`GatewaySettings::response_timeout`]: crate::GatewaySettings::response_timeout
+/// [`GatewaySettings::expose_backend_headers`]: crate::GatewaySettings::expose_backend_headers
 #[derive(Clone)]
 pub struct Forward {
     shared: Arc<Shared>,
@@ -417,13 +436,31 @@ async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> 
     else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "request not resolved");
     };
+    let settings = &shared.settings;
+    // A declared length over the limit is refused before any tunnel is opened; a body
+    // without one is counted as it streams (RequestBody).
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > settings.max_request_body_bytes) {
+        return error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
+    }
+    let mut req = req.map(|body| {
+        proxy::RequestBody::new(
+            body,
+            settings.max_request_body_bytes,
+            settings.request_body_timeout,
+        )
+    });
     for ep in &endpoints {
         tracing::debug!(path = %req.uri().path(), endpoint = %ep.address, identity = %ep.identity, "forwarding");
         let key = (ep.hbone, ep.address, ep.identity.clone());
         // An idle connection to this endpoint first. One that closed since it was pooled
         // gives the request back, and a new tunnel takes it.
         if let Some(mut sender) = shared.pool.checkout(&key) {
-            match proxy::exchange(&mut sender, req).await {
+            match proxy::exchange(&mut sender, req, shared.settings.response_timeout).await {
                 Exchange::Answered(resp) => {
                     shared.pool.put_back_when_ready(key, sender);
                     return answered(shared, resp, ep);
@@ -451,7 +488,7 @@ async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> 
             Ok(sender) => sender,
             Err(resp) => return answered(shared, resp, ep),
         };
-        return match proxy::exchange(&mut sender, req).await {
+        return match proxy::exchange(&mut sender, req, shared.settings.response_timeout).await {
             Exchange::Answered(resp) => {
                 shared.pool.put_back_when_ready(key, sender);
                 answered(shared, resp, ep)
@@ -466,9 +503,12 @@ async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> 
     error(StatusCode::SERVICE_UNAVAILABLE, "no endpoint reachable")
 }
 
-/// The backend's answer, naming the workload that answered and the identity its end of the
-/// tunnel proved (the tunnel opens only when the peer presents exactly this identity).
-fn answered(_shared: &Shared, mut resp: Response<Body>, ep: &Endpoint) -> Response<Body> {
-    proxy::name_backend(resp.headers_mut(), ep);
+/// The backend's answer; when the settings ask for it, naming the workload that answered and
+/// the identity its end of the tunnel proved (the tunnel opens only when the peer presents
+/// exactly this identity).
+fn answered(shared: &Shared, mut resp: Response<Body>, ep: &Endpoint) -> Response<Body> {
+    if shared.settings.expose_backend_headers {
+        proxy::name_backend(resp.headers_mut(), ep);
+    }
     resp
 }

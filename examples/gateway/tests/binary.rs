@@ -62,3 +62,19 @@ fn an_invalid_mesh_file_is_refused_by_name() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_invalid_trusted_proxy_is_refused() {
+    let dir = temp_dir("bad-trusted-proxy");
+    let out = meshkit_test_support::output_within(
+        gateway(&dir).args(["--trusted-proxy", "10.0.0.0/40"]),
+        Duration::from_secs(20),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(
+        stderr.contains("--trusted-proxy") && stderr.contains("not a prefix length"),
+        "stderr: {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -83,7 +83,7 @@ fn workload(net: u8, name: &str, sa: &str, host: u8, node: &str) -> Workload {
         service_account: sa.into(),
         ip: ip(net, host),
         node: node.into(),
-        ports: vec![APP_PORT],
+        ports: Some(vec![APP_PORT]),
     }
 }
 

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
 use meshkit_demo::{
-    DEMO_TOKENS, DemoMesh, EchoReply, EnvoyListeners, MeshOptions, envoy_bootstrap, write_samples,
+    DEMO_TOKENS, DemoMesh, EchoReply, EnvoyListeners, EnvoyXdsSecurity, MeshOptions,
+    envoy_bootstrap_with, write_samples,
 };
 use meshkit_gateway::BACKEND_WORKLOAD;
 use meshkit_test_support::envoy_command;
@@ -240,11 +241,12 @@ fn envoy_matches_meshkit(delta: bool) {
         ))
         .unwrap();
 
-    let bootstrap = envoy_bootstrap(
+    let bootstrap = envoy_bootstrap_with(
         mesh.control_plane.ads_addr(),
         &format!("envoy-gateway-{name}"),
         delta,
         SocketAddr::from(([127, 0, 0, 1], 0)),
+        &EnvoyXdsSecurity::demo(&mesh.control_plane),
     );
     assert!(bootstrap.contains(if delta {
         "DELTA_GRPC"
@@ -337,9 +339,11 @@ fn envoy_over_delta_ads_routes_like_meshkit_gateway() {
 }
 
 /// Runs xds-watch against `server` until it prints `events` lines or 20 s pass.
-fn xds_watch(server: &str, args: &[&str], events: usize) -> Vec<serde_json::Value> {
+fn xds_watch(server: &[String], args: &[&str], events: usize) -> Vec<serde_json::Value> {
     let mut child = Command::new(meshkit_test_support::workspace_bin("xds-watch"))
-        .args(["--server", server, "--give-up-after", "10", "--max-events"])
+        .arg("--server")
+        .args(server)
+        .args(["--give-up-after", "10", "--max-events"])
         .arg(events.to_string())
         .args(args)
         .stdout(Stdio::piped())
@@ -395,6 +399,22 @@ fn xds_watch_prints_the_control_planes_resources() {
         ))
         .unwrap();
     let server = cp.ads_uri();
+    // xds-watch reaches the control plane as a gateway would: TLS with the mesh root, the
+    // certificate's name, and a gateway token (whose node id prefix is `envoy-gateway`).
+    std::fs::write(dir.join("root.pem"), cp.root_pem()).unwrap();
+    std::fs::write(dir.join("token"), meshkit_demo::ENVOY_TOKEN).unwrap();
+    let security = [
+        "--xds-ca".to_owned(),
+        dir.join("root.pem").display().to_string(),
+        "--xds-server-name".to_owned(),
+        cp.server_name().expect("TLS").to_owned(),
+        "--xds-token-file".to_owned(),
+        dir.join("token").display().to_string(),
+        "--node-id".to_owned(),
+        "envoy-gateway-watch".to_owned(),
+    ];
+    let server_args: Vec<String> = std::iter::once(server.clone()).chain(security).collect();
+    let server = server_args.as_slice();
 
     let clusters: BTreeSet<String> = [
         "outbound|80||api.shop.svc.cluster.local",
@@ -407,13 +427,13 @@ fn xds_watch_prints_the_control_planes_resources() {
     let listeners: BTreeSet<String> = ["http", "https"].map(str::to_owned).into();
 
     // Wildcard watches, State of the World and Delta.
-    let cds = xds_watch(&server, &["--type", "cds"], clusters.len());
+    let cds = xds_watch(server, &["--type", "cds"], clusters.len());
     assert_eq!(updated_names(&cds, "cds"), clusters);
-    let lds = xds_watch(&server, &["--type", "lds", "--delta"], listeners.len());
+    let lds = xds_watch(server, &["--type", "lds", "--delta"], listeners.len());
     assert_eq!(updated_names(&lds, "lds"), listeners);
     // Named watches.
     let eds = xds_watch(
-        &server,
+        server,
         &[
             "--type",
             "eds",
@@ -427,14 +447,14 @@ fn xds_watch_prints_the_control_planes_resources() {
         ["outbound|80||web.shop.svc.cluster.local".to_owned()].into()
     );
     let rds = xds_watch(
-        &server,
+        server,
         &[
             "--type", "rds", "--delta", "--name", "http", "--name", "https",
         ],
         2,
     );
     assert_eq!(updated_names(&rds, "rds"), listeners);
-    let sds = xds_watch(&server, &["--type", "sds"], 1);
+    let sds = xds_watch(server, &["--type", "sds"], 1);
     assert_eq!(
         updated_names(&sds, "sds"),
         ["shop/shop-tls".to_owned()].into()

@@ -22,21 +22,20 @@ fn spawn(bin: PathBuf, args: &[&str], log: PathBuf) -> Proc {
     )
 }
 
-/// `curl` through the gateway; the answering workload, if the answer was a 200.
+/// `curl` through the gateway; the answering workload (the echo reply's `name`), if the
+/// answer was a 200.
 fn through_gateway(gateway: u16, host: &str, path: &str) -> Option<String> {
     let out = Command::new("curl")
-        .args(["-sS", "-o", "/dev/null", "-D", "-", "--max-time", "5"])
+        .args(["-sS", "--fail", "--max-time", "5"])
         .args(["-H", &format!("Host: {host}")])
         .arg(format!("http://127.0.0.1:{gateway}{path}"))
         .output()
         .ok()?;
-    let head = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !head.starts_with("HTTP/1.1 200") {
+    if !out.status.success() {
         return None;
     }
-    head.lines()
-        .find_map(|l| l.strip_prefix("x-meshkit-backend-workload: "))
-        .map(|w| w.trim().to_owned())
+    let reply: meshkit_demo::EchoReply = serde_json::from_slice(&out.stdout).ok()?;
+    Some(reply.name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,8 +59,16 @@ async fn control_plane_node_proxies_and_gateway_as_processes() {
     }
 
     let (ads, ca, gateway) = (free_port(), free_port(), free_port());
-    let ads_url = format!("http://127.0.0.1:{ads}");
-    let ca_url = format!("http://127.0.0.1:{ca}");
+    // ADS and the CA over TLS (the control plane's default), each client with its token.
+    let ads_url = format!("https://127.0.0.1:{ads}");
+    let ca_url = format!("https://127.0.0.1:{ca}");
+    for (file, token) in [
+        ("node-a.token", "demo-node-a-token"),
+        ("node-b.token", "demo-node-b-token"),
+        ("gateway.token", "demo-gateway-token"),
+    ] {
+        std::fs::write(dir.join(file), format!("{token}\n")).unwrap();
+    }
     let _cp = spawn(
         meshkit_test_support::workspace_bin("control-plane"),
         &[
@@ -84,10 +91,7 @@ async fn control_plane_node_proxies_and_gateway_as_processes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut procs = Vec::new();
-    for (node, token) in [
-        ("node-a", "demo-node-a-token"),
-        ("node-b", "demo-node-b-token"),
-    ] {
+    for node in ["node-a", "node-b"] {
         procs.push(spawn(
             meshkit_test_support::workspace_bin("node-proxy"),
             &[
@@ -99,8 +103,12 @@ async fn control_plane_node_proxies_and_gateway_as_processes() {
                 &ca_url,
                 "--ca-root",
                 &path("root.pem"),
-                "--ca-token",
-                token,
+                "--xds-ca",
+                &path("root.pem"),
+                "--xds-server-name",
+                "istiod.istio-system.svc",
+                "--xds-token-file",
+                &path(&format!("{node}.token")),
             ],
             dir.join(format!("{node}.log")),
         ));
@@ -110,14 +118,22 @@ async fn control_plane_node_proxies_and_gateway_as_processes() {
         &[
             "--listen",
             &format!("127.0.0.1:{gateway}"),
+            // The test reads which workload answered from the backend headers.
+            "--debug-backend-headers",
             "--xds",
             &ads_url,
             "--ca",
             &ca_url,
             "--ca-root",
             &path("root.pem"),
-            "--ca-token",
-            "demo-gateway-token",
+            "--xds-ca",
+            &path("root.pem"),
+            "--xds-server-name",
+            "istiod.istio-system.svc",
+            "--xds-token-file",
+            &path("gateway.token"),
+            "--node-id",
+            "gateway",
         ],
         dir.join("gateway.log"),
     ));

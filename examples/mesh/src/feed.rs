@@ -68,6 +68,12 @@ pub fn apply<T: Resource + Clone>(view: &mut BTreeMap<String, T>, event: WatchEv
 /// The data plane's view of the mesh from workload API Address resources: each workload with
 /// its first address, each service with its endpoints (the workloads that name it) and its
 /// target ports as the workloads declare them.
+///
+/// A workload's [`ports`](Workload::ports) are the target ports of the services it backs:
+/// for each service port, the workload's own target port when it sets one (non-zero), else
+/// the service's (non-zero); a port that resolves to neither is left out. A workload that
+/// backs no service reaches no port at all: the workload API names every port a workload
+/// serves through its services, so anything else is not the mesh's to reach.
 pub fn mesh_config<'a>(addresses: impl Iterator<Item = &'a AddressResource>) -> MeshConfig {
     let mut workloads = Vec::new();
     let mut services = Vec::new();
@@ -75,12 +81,15 @@ pub fn mesh_config<'a>(addresses: impl Iterator<Item = &'a AddressResource>) -> 
     // Target ports as the workloads declare them (a WorkloadEntry may map a service port to
     // a port of its own), by service key and service port.
     let mut targets: BTreeMap<(String, u32), u32> = BTreeMap::new();
+    // Each workload's services and its own port mappings, resolved once every service is known.
+    let mut backs: Vec<Vec<Backs>> = Vec::new();
     for resource in addresses {
         match &resource.address.r#type {
             Some(address::Type::Workload(w)) => {
                 let Some(ip) = w.addresses.first().and_then(|b| ip_from_bytes(b)) else {
                     continue;
                 };
+                let mut own = Vec::new();
                 for (key, ports) in &w.services {
                     members.entry(key.clone()).or_default().insert(ip);
                     for p in &ports.ports {
@@ -88,14 +97,21 @@ pub fn mesh_config<'a>(addresses: impl Iterator<Item = &'a AddressResource>) -> 
                             .entry((key.clone(), p.service_port))
                             .or_insert(p.target_port);
                     }
+                    let mapping = ports
+                        .ports
+                        .iter()
+                        .map(|p| (p.service_port, p.target_port))
+                        .collect();
+                    own.push((key.clone(), mapping));
                 }
+                backs.push(own);
                 workloads.push(Workload {
                     name: w.name.clone(),
                     namespace: w.namespace.clone(),
                     service_account: w.service_account.clone(),
                     ip,
                     node: w.node.clone(),
-                    ports: Vec::new(),
+                    ports: Some(Vec::new()),
                 });
             }
             Some(address::Type::Service(s)) => {
@@ -121,6 +137,20 @@ pub fn mesh_config<'a>(addresses: impl Iterator<Item = &'a AddressResource>) -> 
             None => {}
         }
     }
+    // The services' own target ports, before the workloads' mappings are folded in below.
+    let service_targets: BTreeMap<String, Vec<(u16, u16)>> = services
+        .iter()
+        .map(|s| {
+            let key = format!("{}/{}", s.namespace, s.hostname);
+            (
+                key,
+                s.ports.iter().map(|p| (p.port, p.target_port)).collect(),
+            )
+        })
+        .collect();
+    for (workload, own) in workloads.iter_mut().zip(&backs) {
+        workload.ports = Some(reachable_ports(own, &service_targets));
+    }
     for service in &mut services {
         let key = format!("{}/{}", service.namespace, service.hostname);
         service.endpoints = members.get(&key).into_iter().flatten().copied().collect();
@@ -138,6 +168,43 @@ pub fn mesh_config<'a>(addresses: impl Iterator<Item = &'a AddressResource>) -> 
         workloads,
         services,
     }
+}
+
+/// A service a workload backs (its key) and the workload's own (service port, target port)
+/// mappings for it.
+type Backs = (String, Vec<(u32, u32)>);
+
+/// The ports one workload serves: per service it backs, per service port (the service's and
+/// those the workload maps), the workload's non-zero target port, else the service's.
+fn reachable_ports(own: &[Backs], services: &BTreeMap<String, Vec<(u16, u16)>>) -> Vec<u16> {
+    let mut ports = BTreeSet::new();
+    for (key, mapping) in own {
+        let service = services.get(key).map(Vec::as_slice).unwrap_or_default();
+        let override_for = |service_port: u16| {
+            mapping
+                .iter()
+                .find(|(sp, _)| *sp == u32::from(service_port))
+                .and_then(|(_, tp)| u16::try_from(*tp).ok())
+                .filter(|tp| *tp != 0)
+        };
+        for &(service_port, target_port) in service {
+            if let Some(port) =
+                override_for(service_port).or((target_port != 0).then_some(target_port))
+            {
+                ports.insert(port);
+            }
+        }
+        // Ports the workload maps for a service that is not (yet) known, or that the service
+        // does not list: the workload's own target port, when it names one.
+        for &(service_port, target_port) in mapping {
+            let listed =
+                u16::try_from(service_port).is_ok_and(|sp| service.iter().any(|(p, _)| *p == sp));
+            if !listed && let Some(port) = u16::try_from(target_port).ok().filter(|p| *p != 0) {
+                ports.insert(port);
+            }
+        }
+    }
+    ports.into_iter().collect()
 }
 
 /// An IP address from the workload API's bytes (4 for IPv4, 16 for IPv6).

@@ -23,9 +23,13 @@ pub struct Workload {
     pub ip: IpAddr,
     /// Name of the node whose proxy carries this workload's traffic.
     pub node: String,
-    /// Ports the workload's application listens on. Empty: any port may be reached.
-    #[serde(default)]
-    pub ports: Vec<u16>,
+    /// Ports an inbound tunnel may reach on the workload. `None` (a mesh file that lists no
+    /// `ports`): any port. `Some(list)`: only those, so `Some(vec![])` reaches none. A workload
+    /// learned over xDS always has `Some`: the target ports of the services it backs
+    /// ([`crate::feed::mesh_config`]). The node proxy's own listeners are refused whatever this
+    /// says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<Vec<u16>>,
 }
 
 /// A port of a service and the workload port it maps to.
@@ -120,9 +124,11 @@ impl Workload {
         SpiffeId::from_istio(trust_domain, &self.namespace, &self.service_account)
     }
 
-    /// Whether the application listens on `port`.
+    /// Whether an inbound tunnel may reach `port` ([`Workload::ports`]).
     pub fn serves_port(&self, port: u16) -> bool {
-        self.ports.is_empty() || self.ports.contains(&port)
+        self.ports
+            .as_ref()
+            .is_none_or(|ports| ports.contains(&port))
     }
 }
 

@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 use http::StatusCode;
 use meshkit_hbone::{ConnectRequest, Decision, Forward, Reason, Server, ServerConfig, decide_fn};
 use meshkit_identity::{
-    Authorize, ByDestinationIp, SpiffeId, SpiffeVerifier, SvidCache, TlsSettings, TrustBundleSet,
+    Authorize, ByDestinationIp, CaError, SpiffeId, SpiffeVerifier, SvidCache, TlsSettings,
+    TrustBundleSet, X509Svid,
 };
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::AbortOnDrop;
 use meshkit_mesh::MeshIndex;
@@ -61,16 +62,40 @@ pub(super) struct InboundState {
     pub(super) forward: Forward,
     /// Accepted tunnels per (verified peer, target).
     pub(super) accepted: Mutex<BTreeMap<(SpiffeId, SocketAddr), u64>>,
+    /// The inbound HBONE port, bound on every local workload address.
+    pub(super) hbone_port: u16,
+    /// The other addresses this process listens on (outbound listeners as bound, reserved
+    /// addresses): never a tunnel's target.
+    pub(super) own: Vec<SocketAddr>,
 }
 
-/// Decides one CONNECT: the peer is admitted, the target is a workload of this node, it is
-/// the workload whose certificate the peer verified (the destination IP of the connection),
-/// and its application listens on the port. Anything else is 403. An accepted tunnel lives as
-/// long as the policy admits its peer: a policy change that refuses the peer closes it.
+impl InboundState {
+    /// Whether forwarding to `target` would reach one of this node proxy's own listeners: the
+    /// HBONE port on any address (every local workload address has one), or a listener bound
+    /// to `target`'s IP or to a wildcard address with `target`'s port.
+    pub(super) fn is_own_listener(&self, target: SocketAddr) -> bool {
+        target.port() == self.hbone_port
+            || self.own.iter().any(|own| {
+                own.port() == target.port()
+                    && (own.ip() == target.ip() || own.ip().is_unspecified())
+            })
+    }
+}
+
+/// Decides one CONNECT: the peer is admitted, the target is not one of the node proxy's own
+/// listeners, it is a workload of this node, it is the workload whose certificate the peer
+/// verified (the destination IP of the connection), and the port is one the workload serves
+/// ([`Workload::serves_port`](meshkit_mesh::Workload::serves_port)). Anything else is 403.
+/// An accepted tunnel lives as long as the policy admits its peer: a policy change that
+/// refuses the peer closes it.
 pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decision {
     let mut policy = state.policy.subscribe();
     if !policy.borrow_and_update().admits(&req.peer) {
         tracing::info!(peer = %req.peer, target = %req.target, "inbound refused by policy");
+        return Decision::refuse(StatusCode::FORBIDDEN);
+    }
+    if state.is_own_listener(req.target) {
+        tracing::info!(peer = %req.peer, target = %req.target, "inbound target is one of the node proxy's own listeners");
         return Decision::refuse(StatusCode::FORBIDDEN);
     }
     let local = {
@@ -129,8 +154,20 @@ async fn refused(policy: &mut watch::Receiver<InboundPolicy>, peer: &SpiffeId) {
     }
 }
 
+/// A certificate fetched in the background for a workload to serve.
+pub(super) struct Fetched {
+    ip: IpAddr,
+    id: SpiffeId,
+    result: Result<watch::Receiver<Arc<X509Svid>>, CaError>,
+}
+
 /// The HBONE listeners of this node, one per local workload address, sharing one certificate
 /// selector keyed by destination IP.
+///
+/// Reconciling never waits for the CA: a workload to serve first gets its certificate in a
+/// task of its own, which reports on `fetched`; the listener is opened when it arrives
+/// ([`Inbound::fetched`]). A slow or silent CA so delays only the new workloads, never the
+/// removal of old ones or the mesh the rest of the proxy sees.
 pub(super) struct Inbound {
     pub(super) trust_domain: meshkit_identity::TrustDomain,
     pub(super) port: u16,
@@ -142,17 +179,22 @@ pub(super) struct Inbound {
     pub(super) selector: Arc<ByDestinationIp>,
     pub(super) state: Arc<InboundState>,
     pub(super) serving: HashMap<IpAddr, (SpiffeId, AbortOnDrop)>,
+    /// Workloads whose certificate is being fetched, with the task fetching it.
+    pub(super) pending: HashMap<IpAddr, (SpiffeId, AbortOnDrop)>,
+    pub(super) fetched: mpsc::UnboundedSender<Fetched>,
     pub(super) published: watch::Sender<BTreeSet<SocketAddr>>,
 }
 
 impl Inbound {
-    /// Brings the listeners in line with the workloads of this node in `index`. Returns
-    /// whether every local workload is served (false: retry later).
-    pub(super) async fn reconcile(&mut self, index: &MeshIndex) -> bool {
+    /// Brings the listeners in line with the workloads of this node in `index`, at once:
+    /// stops serving the workloads that left, and starts fetching the certificates of new ones
+    /// (served when [`Inbound::fetched`] gets them).
+    pub(super) fn reconcile(&mut self, index: &MeshIndex) {
         let wanted: HashMap<IpAddr, SpiffeId> = index
             .workloads_on(&self.state.node)
             .map(|(w, id)| (w.ip, id.clone()))
             .collect();
+        let mut dropped = Vec::new();
         let gone: Vec<IpAddr> = self
             .serving
             .iter()
@@ -163,48 +205,108 @@ impl Inbound {
             self.selector.remove(&ip);
             if let Some((id, _task)) = self.serving.remove(&ip) {
                 tracing::info!(%ip, %id, "stopped serving inbound");
-                if !wanted.values().any(|w| *w == id) {
-                    self.certs.forget(&id);
-                }
+                dropped.push(id);
             }
         }
-        let mut complete = true;
+        self.pending.retain(|ip, (id, _task)| {
+            let keep = wanted.get(ip) == Some(id);
+            if !keep {
+                tracing::info!(%ip, %id, "no longer waiting for a certificate: the workload left");
+                dropped.push(id.clone());
+            }
+            keep
+        });
+        for id in dropped {
+            if !wanted.values().any(|w| *w == id) {
+                self.certs.forget(&id);
+            }
+        }
         for (ip, id) in wanted {
-            if self.serving.contains_key(&ip) {
-                continue;
-            }
-            match self.serve(ip, &id).await {
-                Ok(task) => {
-                    tracing::info!(%ip, %id, port = self.port, "serving inbound HBONE");
-                    self.serving.insert(ip, (id, task));
-                }
-                Err(e) => {
-                    tracing::warn!(%ip, %id, error = %e, "cannot serve inbound yet");
-                    complete = false;
-                }
+            if !self.serving.contains_key(&ip) && !self.pending.contains_key(&ip) {
+                self.fetch(ip, id);
             }
         }
-        let addrs = self
+        self.publish();
+    }
+
+    /// Whether certificates are still being fetched.
+    pub(super) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Serves the workload a fetched certificate is for, if it is still wanted. Returns false
+    /// when it could not be served (no certificate, address in use): retry later.
+    pub(super) fn fetched(&mut self, fetched: Fetched) -> bool {
+        let Fetched { ip, id, result } = fetched;
+        if self
+            .pending
+            .get(&ip)
+            .is_none_or(|(wanted, _)| *wanted != id)
+        {
+            // The workload left (or changed identity) while its certificate was on the way.
+            return true;
+        }
+        self.pending.remove(&ip);
+        let served = result
+            .map_err(Into::into)
+            .and_then(|svid| self.serve(ip, svid));
+        let ok = match served {
+            Ok(task) => {
+                tracing::info!(%ip, %id, port = self.port, "serving inbound HBONE");
+                self.serving.insert(ip, (id, task));
+                true
+            }
+            Err(e) => {
+                tracing::warn!(%ip, %id, error = %meshkit_identity::ErrorChain(&*e), "cannot serve inbound yet");
+                false
+            }
+        };
+        self.publish();
+        ok
+    }
+
+    fn fetch(&mut self, ip: IpAddr, id: SpiffeId) {
+        let (certs, report, task_id) = (self.certs.clone(), self.fetched.clone(), id.clone());
+        let task = tokio::spawn(async move {
+            let result = certs.get(&task_id).await;
+            let _ = report.send(Fetched {
+                ip,
+                id: task_id,
+                result,
+            });
+        });
+        self.pending
+            .insert(ip, (id, AbortOnDrop(task.abort_handle())));
+    }
+
+    fn publish(&self) {
+        let addrs: BTreeSet<SocketAddr> = self
             .serving
             .keys()
             .map(|ip| SocketAddr::new(*ip, self.port))
             .collect();
-        self.published.send_replace(addrs);
-        complete
+        self.published.send_if_modified(|current| {
+            let changed = *current != addrs;
+            *current = addrs;
+            changed
+        });
     }
 
-    async fn serve(
+    fn serve(
         &self,
         ip: IpAddr,
-        id: &SpiffeId,
+        svid: watch::Receiver<Arc<X509Svid>>,
     ) -> Result<AbortOnDrop, Box<dyn std::error::Error + Send + Sync>> {
-        let svid = self.certs.get(id).await?;
         let verifier = SpiffeVerifier::new(
             self.bundles.clone(),
             Authorize::TrustDomain(self.trust_domain.clone()),
         );
         let tls = self.tls.server_config(svid, verifier)?;
-        let listener = TcpListener::bind(SocketAddr::new(ip, self.port)).await?;
+        // Bound without waiting (std sets SO_REUSEADDR on Unix as tokio does), so that serving
+        // stays a step of the reconcile loop.
+        let listener = std::net::TcpListener::bind(SocketAddr::new(ip, self.port))?;
+        listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(listener)?;
         self.selector.insert(ip, tls);
         let state = self.state.clone();
         let service = decide_fn(move |req: ConnectRequest| {

@@ -5,13 +5,17 @@
 //!   meshkit-mesh) comes through a `tokio::sync::watch` channel, so the control plane's xDS
 //!   stream ([`meshkit_mesh::feed::mesh_over_xds`]) or a file can feed it.
 //! - **Certificates.** From an [`SvidCache`]: one SVID per identity of a local workload,
-//!   rotated in the background.
+//!   fetched and rotated in the background, so that a slow CA never holds up a mesh update.
 //! - **Inbound.** One HBONE listener per local workload, on `WORKLOAD_IP:15008`, all sharing a
 //!   [`ByDestinationIp`] selector: the certificate served is
 //!   the one of the workload whose address the peer connected to, as ztunnel does with the
 //!   original destination of redirected traffic. Peers must belong to the trust domain and pass
-//!   the [`InboundPolicy`]; the CONNECT target must be that same local workload; otherwise 403.
-//!   Listeners follow the watch channel: new local workloads are served, removed ones stop.
+//!   the [`InboundPolicy`]; the CONNECT target must be that same local workload, on a port it
+//!   serves ([`meshkit_mesh::Workload::ports`]: for a workload learned over xDS, the target
+//!   ports of its services, none when it backs none), and never one of the node proxy's own
+//!   listeners (the HBONE port, the outbound listeners, [`NodeProxyConfig::reserved`]);
+//!   otherwise 403. Listeners follow the watch channel: new local workloads are served,
+//!   removed ones stop.
 //! - **Outbound.** One plain-TCP listener per [`OutboundListener`]: the connection's source
 //!   address names the local workload (whose identity is presented), the listener names the
 //!   service; endpoints are tried round-robin, each over HBONE to `ENDPOINT_IP:15008`
@@ -92,6 +96,14 @@ pub struct NodeProxyConfig {
     /// How long to wait before retrying workloads that could not be served (CA down, address
     /// taken). Default: 2 s.
     pub retry_interval: Duration,
+    /// How long [`NodeProxy::start`] waits for the first certificates of the local workloads
+    /// before it returns; workloads still waiting are served when theirs arrive. Default: 10 s.
+    pub startup_timeout: Duration,
+    /// Other addresses of this process that an inbound tunnel must never reach (an admin or
+    /// metrics listener, say). The HBONE port (on any address) and the outbound listeners are
+    /// always refused. A wildcard address (`0.0.0.0`, `[::]`) covers its port on every
+    /// address. Default: none.
+    pub reserved: Vec<SocketAddr>,
 }
 
 impl NodeProxyConfig {
@@ -106,7 +118,16 @@ impl NodeProxyConfig {
             client: ClientConfig::default(),
             server: ServerConfig::default(),
             retry_interval: Duration::from_secs(2),
+            startup_timeout: Duration::from_secs(10),
+            reserved: Vec::new(),
         }
+    }
+
+    /// Adds an address of this process that inbound tunnels must never reach
+    /// ([`NodeProxyConfig::reserved`]).
+    pub fn with_reserved(mut self, addr: SocketAddr) -> Self {
+        self.reserved.push(addr);
+        self
     }
 
     /// Adds an outbound listener.
@@ -144,6 +165,14 @@ pub struct NodeProxy {
     state: Arc<InboundState>,
 }
 
+/// Completes at `at`, or never.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Aborts a task when dropped, so that owning a handle means owning the task.
 #[derive(Debug)]
 struct AbortOnDrop(AbortHandle);
@@ -158,7 +187,11 @@ impl Drop for AbortOnDrop {
 
 impl NodeProxy {
     /// Starts the node proxy: binds the outbound listeners, serves inbound for the local
-    /// workloads of the current mesh (before returning), then follows `mesh`.
+    /// workloads of the current mesh (waiting up to [`NodeProxyConfig::startup_timeout`] for
+    /// their certificates), then follows `mesh`.
+    ///
+    /// Mesh updates apply at once: certificates are fetched in the background, so a slow or
+    /// silent CA delays only the workloads waiting for one.
     ///
     /// # Errors
     ///
@@ -204,7 +237,10 @@ impl NodeProxy {
             policy: policy.clone(),
             forward: Forward::new().with_connect_timeout(Duration::from_secs(5)),
             accepted: Mutex::default(),
+            hbone_port: config.hbone_port,
+            own: outbound.iter().chain(&config.reserved).copied().collect(),
         });
+        let (fetched_tx, mut fetched) = tokio::sync::mpsc::unbounded_channel();
         let mut inbound = Inbound {
             trust_domain: config.trust_domain.clone(),
             port: config.hbone_port,
@@ -215,11 +251,26 @@ impl NodeProxy {
             selector: Arc::new(ByDestinationIp::new()),
             state: state.clone(),
             serving: HashMap::new(),
+            pending: HashMap::new(),
+            fetched: fetched_tx,
             published,
         };
         let first = index_rx.borrow().clone();
-        let mut complete = inbound.reconcile(&first).await;
+        inbound.reconcile(&first);
         let retry = config.retry_interval;
+        // A workload that could not be served is retried once `retry_at` passes.
+        let mut retry_at = None;
+        let startup = tokio::time::Instant::now() + config.startup_timeout;
+        while inbound.has_pending() {
+            match tokio::time::timeout_at(startup, fetched.recv()).await {
+                Ok(Some(done)) => {
+                    if !inbound.fetched(done) {
+                        retry_at.get_or_insert(tokio::time::Instant::now() + retry);
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
         let task = tokio::spawn(async move {
             // When the configuration source goes away, keep serving the last mesh.
             let mut source_open = true;
@@ -233,11 +284,16 @@ impl NodeProxy {
                         let next = build(&mesh.borrow_and_update());
                         index_tx.send_replace(next);
                     }
-                    () = tokio::time::sleep(retry), if !complete => {}
-                    () = std::future::pending::<()>(), if !source_open && complete => {}
+                    Some(done) = fetched.recv() => {
+                        if !inbound.fetched(done) {
+                            retry_at.get_or_insert(tokio::time::Instant::now() + retry);
+                        }
+                        continue;
+                    }
+                    () = sleep_until(retry_at) => retry_at = None,
                 }
                 let index = index_tx.borrow().clone();
-                complete = inbound.reconcile(&index).await;
+                inbound.reconcile(&index);
             }
         });
         tasks.push(AbortOnDrop(task.abort_handle()));

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use meshkit_hbone::{Client, Target, copy_bidirectional};
+use meshkit_identity::ErrorChain;
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -115,9 +116,13 @@ async fn tunnel(
         match client.open(target.clone()).await {
             Ok(tunnel) => {
                 tracing::debug!(%source, %service, destination = %target.destination, "outbound tunnel");
-                let (reader, writer) = sock.into_split();
-                if let Err(e) = copy_bidirectional(tunnel, reader, writer).await {
-                    tracing::debug!(%source, error = %e, "outbound tunnel ended with an error");
+                match copy_bidirectional(tunnel, sock).await {
+                    Ok(copied) => {
+                        tracing::debug!(%source, sent = copied.to_tunnel, received = copied.from_tunnel, "outbound tunnel closed")
+                    }
+                    Err(e) => {
+                        tracing::debug!(%source, error = %ErrorChain(&e), "outbound tunnel reset")
+                    }
                 }
                 return;
             }
@@ -126,5 +131,7 @@ async fn tunnel(
             }
         }
     }
-    tracing::warn!(%source, %service, "no endpoint reachable; closing");
+    tracing::warn!(%source, %service, "no endpoint reachable; resetting the connection");
+    // A reset, not a FIN: the application must not read an empty answer as a complete one.
+    let _ = sock.set_zero_linger();
 }

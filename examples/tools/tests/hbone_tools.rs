@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{TrustDomain, certs_to_pem, private_key_to_pem};
-use meshkit_test_support::{KillOnDrop as Proc, free_port, wait_port};
+use meshkit_test_support::{
+    KillOnDrop as Proc, assert_reset_after_prefix, free_port, pattern, read_until_end, reset,
+    wait_port,
+};
 
 const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
 const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
@@ -363,5 +366,172 @@ fn serve_forwards_only_to_allowed_targets() {
             assert!(connect_text.contains("403"), "{connect_text}");
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `hbone-serve` on a free port forwarding (by `--allow-target`) to `target`, and
+/// `hbone-connect` listening on a free local port that tunnels there; returns the processes
+/// and the local port once both are ready.
+fn start_pair(dir: &Path, name: &str, target: SocketAddr) -> (Proc, Proc, u16) {
+    let d = |f: &str| dir.join(f).display().to_string();
+    let (hbone_port, local_port) = (free_port(), free_port());
+    let serve = spawn(
+        env!("CARGO_BIN_EXE_hbone-serve"),
+        &[
+            "--listen".into(),
+            format!("127.0.0.1:{hbone_port}"),
+            "--cert".into(),
+            d("server.crt"),
+            "--key".into(),
+            d("server.key"),
+            "--ca".into(),
+            d("ca.crt"),
+            "--allow-id".into(),
+            CLIENT.into(),
+            "--allow-target".into(),
+            target.ip().to_string(),
+        ],
+        &dir.join(format!("{name}-serve.log")),
+    );
+    wait_port(hbone_port, Duration::from_secs(20));
+    let connect_log = dir.join(format!("{name}-connect.log"));
+    let connect = spawn(
+        env!("CARGO_BIN_EXE_hbone-connect"),
+        &[
+            "--listen".into(),
+            format!("127.0.0.1:{local_port}={target}"),
+            "--upstream".into(),
+            format!("127.0.0.1:{hbone_port}"),
+            "--cert".into(),
+            d("client.crt"),
+            "--key".into(),
+            d("client.key"),
+            "--ca".into(),
+            d("ca.crt"),
+            "--server-id".into(),
+            SERVER.into(),
+        ],
+        &connect_log,
+    );
+    wait_log(&connect_log, "hbone-connect listening");
+    (serve, connect, local_port)
+}
+
+/// A reset on either application's socket reaches the other application through both tools
+/// as a reset, after a prefix of what was sent; never as a clean end (RFC 9113 section 8.5).
+#[test]
+fn resets_cross_both_tools_as_resets() {
+    const SENT: usize = 1024 * 1024;
+    let dir = temp_dir("resets");
+    pki(&dir);
+    let backend = TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = backend.local_addr().unwrap();
+    let (_serve, _connect, local_port) = start_pair(&dir, "resets", target);
+
+    // The application behind hbone-serve sends 1 MiB of a longer answer, then resets.
+    let mut client = TcpStream::connect(("127.0.0.1", local_port)).unwrap();
+    let (mut app, _) = backend.accept().unwrap();
+    app.write_all(&pattern(SENT)).unwrap();
+    reset(app);
+    let (got, end) = read_until_end(&mut client);
+    assert_reset_after_prefix(&got, &end, SENT);
+
+    // The client sends 1 MiB, then resets: the application behind hbone-serve sees a reset.
+    let mut client = TcpStream::connect(("127.0.0.1", local_port)).unwrap();
+    let (mut app, _) = backend.accept().unwrap();
+    client.write_all(&pattern(SENT)).unwrap();
+    reset(client);
+    let (got, end) = read_until_end(&mut app);
+    assert_reset_after_prefix(&got, &end, SENT);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The HBONE server's accept loop outlives accept errors too (here: out of file descriptors,
+/// from silent sockets that never start TLS): `hbone-serve` logs them, keeps listening, and
+/// serves the next honest client once descriptors are free again.
+#[test]
+fn serve_survives_accept_errors() {
+    let dir = temp_dir("serve-emfile");
+    pki(&dir);
+    let d = |f: &str| dir.join(f).display().to_string();
+    let backend = echo_backend();
+    let (hbone_port, local_port) = (free_port(), free_port());
+    let log = dir.join("serve.log");
+    let _serve = Proc(
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -n 48 && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_hbone-serve"))
+            .args([
+                "--listen".into(),
+                format!("127.0.0.1:{hbone_port}"),
+                "--cert".into(),
+                d("server.crt"),
+                "--key".into(),
+                d("server.key"),
+                "--ca".into(),
+                d("ca.crt"),
+                "--allow-id".into(),
+                CLIENT.into(),
+            ])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start hbone-serve"),
+    );
+    wait_port(hbone_port, Duration::from_secs(20));
+    // Silent sockets from several loopback sources (a per-source limit must not be what
+    // closes them), twice as many as the program has descriptors.
+    let held: Vec<TcpStream> = (0..96u8)
+        .filter_map(|i| {
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+            sock.bind(&SocketAddr::from(([127, 0, 1, 1 + i % 8], 0)).into())
+                .ok()?;
+            sock.connect(&SocketAddr::from(([127, 0, 0, 1], hbone_port)).into())
+                .ok()?;
+            Some(sock.into())
+        })
+        .collect();
+    assert!(held.len() > 48, "only {} connections made", held.len());
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text().contains("accept failed") {
+        assert!(
+            Instant::now() < deadline,
+            "no accept error logged:\n{}",
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(held);
+    // An honest client is served afterwards, by the same listener.
+    let mut connect = spawn(
+        env!("CARGO_BIN_EXE_hbone-connect"),
+        &[
+            "--listen".into(),
+            format!("127.0.0.1:{local_port}={backend}"),
+            "--upstream".into(),
+            format!("127.0.0.1:{hbone_port}"),
+            "--cert".into(),
+            d("client.crt"),
+            "--key".into(),
+            d("client.key"),
+            "--ca".into(),
+            d("ca.crt"),
+            "--server-id".into(),
+            SERVER.into(),
+        ],
+        &dir.join("connect.log"),
+    );
+    wait_log(&dir.join("connect.log"), "hbone-connect listening");
+    let mut sock = TcpStream::connect(("127.0.0.1", local_port)).unwrap();
+    sock.write_all(b"still serving").unwrap();
+    sock.shutdown(std::net::Shutdown::Write).unwrap();
+    let (back, end) = read_until_end(&mut sock);
+    assert!(end.is_ok(), "{end:?}\n{}", text());
+    assert_eq!(back, b"still serving");
+    assert!(terminate(&mut connect).success());
     let _ = std::fs::remove_dir_all(&dir);
 }

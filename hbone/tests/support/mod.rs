@@ -143,3 +143,121 @@ where
     t.read_to_end(&mut out).await.unwrap();
     out
 }
+
+/// A client TLS config presenting CLIENT and trusting any server of the test CA, for raw
+/// peers that speak below the HBONE client.
+pub fn raw_client_tls(pki: &Pki) -> Arc<rustls::ClientConfig> {
+    Arc::new(
+        TlsSettings::default()
+            .client_config(
+                pki.ca.issue(id(CLIENT)),
+                SpiffeVerifier::new(pki.ca.bundle_set(), Authorize::AnyTrusted),
+            )
+            .unwrap(),
+    )
+}
+
+/// A TCP connection to `server` from `from` (any loopback address), port chosen by the kernel.
+pub async fn tcp_from(from: std::net::IpAddr, server: SocketAddr) -> tokio::net::TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::new(from, 0)).unwrap();
+    sock.connect(server).await.unwrap()
+}
+
+/// Mutual TLS with `server` from 127.0.0.1 as CLIENT, and nothing above it.
+pub async fn raw_tls(
+    pki: &Pki,
+    server: SocketAddr,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    raw_tls_from(pki, [127, 0, 0, 1].into(), server).await
+}
+
+/// Mutual TLS with `server` from the loopback address `from`, as CLIENT.
+pub async fn raw_tls_from(
+    pki: &Pki,
+    from: std::net::IpAddr,
+    server: SocketAddr,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let sock = tcp_from(from, server).await;
+    tokio_rustls::TlsConnector::from(raw_client_tls(pki))
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(server.ip().into()),
+            sock,
+        )
+        .await
+        .unwrap()
+}
+
+/// An h2 client over `io` with `builder`'s settings; its connection runs in a task whose handle
+/// is returned beside the request handle.
+pub async fn h2_over<IO>(
+    builder: &h2::client::Builder,
+    io: IO,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, conn) = builder.handshake(io).await.unwrap();
+    (send, tokio::spawn(conn))
+}
+
+/// A CONNECT request for `target`, as the HBONE client sends it.
+pub fn connect_request(target: SocketAddr) -> http::Request<()> {
+    http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(target.to_string())
+        .body(())
+        .unwrap()
+}
+
+/// Wraps an I/O object so that its reads can be stopped: a peer that keeps its socket open and
+/// never reads it again.
+pub struct Pausable<IO> {
+    pub io: IO,
+    pub paused: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<IO: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Pausable<IO> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+            // Never woken: this peer has stopped reading for good.
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Pausable<IO> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Raw HTTP/2 frames, for peers that send what the h2 crate never would.
+#[allow(unused_imports)] // Not every test file sends raw frames.
+pub use meshkit_test_support::h2_frame as frame;

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -27,10 +28,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::access::{AccessPolicy, Guard};
 use crate::config::ServerConfig;
 pub use crate::delta::DeltaStream;
 use crate::error::RequestError;
 use crate::io::Io;
+use crate::limits::Gauge;
 use crate::observer::RequestObserver;
 use crate::snapshot::{Snapshot, SnapshotCache};
 pub use crate::sotw::SotwStream;
@@ -49,6 +52,8 @@ pub struct AdsServer {
     stop: Option<watch::Receiver<bool>>,
     config: ServerConfig,
     observer: Option<Arc<dyn RequestObserver>>,
+    /// Who may open a stream and what it sees; `None`: everyone, everything.
+    access: Option<Arc<dyn AccessPolicy>>,
     hub: Arc<Hub>,
 }
 
@@ -59,6 +64,8 @@ struct Hub {
     delta: Slots<DeltaDiscoveryResponse>,
     /// Set once by [`AdsServer::abort`]; every stream, open or later, ends with it.
     abort: watch::Sender<Option<Status>>,
+    /// Open streams, against [`ServerConfig::max_streams`].
+    streams: Gauge,
 }
 
 type Slots<R> = Mutex<HashMap<u64, mpsc::Sender<R>>>;
@@ -74,6 +81,8 @@ struct Driver<V: Variant> {
     observer: Option<Arc<dyn RequestObserver>>,
     pending: VecDeque<V::Response>,
     finished: bool,
+    /// The stream's access rights, when the server has an [`AccessPolicy`].
+    guard: Option<Guard>,
     _slot: SlotGuard<V>,
 }
 
@@ -91,6 +100,7 @@ trait Variant: Send + Sized + 'static {
 
     fn new(config: &ServerConfig) -> Self;
     fn observe(observer: &dyn RequestObserver, request: &Self::Request);
+    fn node(request: &Self::Request) -> Option<&Node>;
     fn try_handle_request(&mut self, request: Self::Request) -> Result<(), RequestError>;
     fn poll(&mut self, snapshot: &Snapshot) -> Vec<Self::Response>;
     fn slots(hub: &Hub) -> &Slots<Self::Response>;
@@ -112,11 +122,13 @@ impl AdsServer {
             stop: None,
             config: ServerConfig::default(),
             observer: None,
+            access: None,
             hub: Arc::new(Hub {
                 next_id: AtomicU64::new(0),
                 sotw: Mutex::default(),
                 delta: Mutex::default(),
                 abort: watch::channel(None).0,
+                streams: Gauge::default(),
             }),
         }
     }
@@ -140,6 +152,15 @@ impl AdsServer {
     /// observer is an observer too, so the caller can keep a handle on it.
     pub fn with_observer(mut self, observer: impl RequestObserver) -> Self {
         self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Authenticates and scopes every stream opened from now on with `policy` (see
+    /// [`AccessPolicy`]): a stream it refuses ends before any request is read, a request whose
+    /// node it refuses ends its stream, and each stream is served only its view of the
+    /// snapshot. Without one, every stream is served everything.
+    pub fn with_access(mut self, policy: impl AccessPolicy) -> Self {
+        self.access = Some(Arc::new(policy));
         self
     }
 
@@ -262,8 +283,26 @@ impl AdsServer {
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         IE: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let incoming = incoming.map(|io| io.map(Io));
+        let (connections, max) = (Gauge::default(), self.config.max_connections);
+        let incoming = incoming.filter_map(move |io| {
+            let io = match io {
+                Ok(io) => match connections.try_acquire(max) {
+                    Some(permit) => Some(Ok(Io {
+                        io,
+                        _permit: Some(permit),
+                    })),
+                    None => {
+                        // Dropped: closed before a byte is read.
+                        tracing::warn!(max, "ADS connection closed: too many open connections");
+                        None
+                    }
+                },
+                Err(e) => Some(Err(e)),
+            };
+            std::future::ready(io)
+        });
         tonic::transport::Server::builder()
+            .max_concurrent_streams(self.config.max_streams_per_connection)
             .http2_keepalive_interval(self.config.keepalive_interval)
             .http2_keepalive_timeout(Some(self.config.keepalive_timeout))
             .add_service(self.into_service())
@@ -272,7 +311,11 @@ impl AdsServer {
     }
 
     /// A new stream's loop, registered in the hub for injection.
-    fn open<V: Variant>(&self, requests: Streaming<V::Request>) -> Out<V::Response> {
+    fn open<V: Variant>(
+        &self,
+        requests: Streaming<V::Request>,
+        guard: Option<Guard>,
+    ) -> Out<V::Response> {
         let (tx, injected) = mpsc::channel(self.config.channel_depth.max(1));
         let id = self.hub.next_id.fetch_add(1, Ordering::Relaxed);
         lock(V::slots(&self.hub)).insert(id, tx);
@@ -286,6 +329,7 @@ impl AdsServer {
             observer: self.observer.clone(),
             pending: VecDeque::new(),
             finished: false,
+            guard,
             _slot: SlotGuard {
                 hub: Arc::clone(&self.hub),
                 id,
@@ -319,16 +363,49 @@ impl AggregatedDiscoveryService for AdsServer {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Ok(Response::new(self.open::<SotwStream>(request.into_inner())))
+        let permit = self.stream_permit()?;
+        let guard = self.admit(request.metadata())?;
+        Ok(Response::new(Box::pin(permit.hold(
+            self.open::<SotwStream>(request.into_inner(), guard),
+        ))))
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(
-            self.open::<DeltaStream>(request.into_inner()),
-        ))
+        let permit = self.stream_permit()?;
+        let guard = self.admit(request.metadata())?;
+        Ok(Response::new(Box::pin(permit.hold(
+            self.open::<DeltaStream>(request.into_inner(), guard),
+        ))))
+    }
+}
+
+impl AdsServer {
+    /// A place for one more stream, or `RESOURCE_EXHAUSTED` at [`ServerConfig::max_streams`].
+    fn stream_permit(&self) -> Result<crate::limits::Permit, Status> {
+        let max = self.config.max_streams;
+        self.hub.streams.try_acquire(max).ok_or_else(|| {
+            tracing::warn!(max, "ADS stream refused: too many open streams");
+            Status::resource_exhausted(format!(
+                "the server has its limit of {max} ADS streams open"
+            ))
+        })
+    }
+
+    /// Asks the [`AccessPolicy`], if any, whether a stream with `metadata` may open.
+    fn admit(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Option<Guard>, Status> {
+        match &self.access {
+            None => Ok(None),
+            Some(policy) => match policy.open(metadata) {
+                Ok(access) => Ok(Some(Guard::new(access))),
+                Err(status) => {
+                    tracing::warn!(%status, "ADS stream refused");
+                    Err(status)
+                }
+            },
+        }
     }
 }
 
@@ -384,12 +461,19 @@ impl<V: Variant> Driver<V> {
                         if let Some(observer) = &self.observer {
                             V::observe(&**observer, &req);
                         }
+                        if let Some(guard) = &mut self.guard
+                            && let Err(status) = guard.check(V::node(&req))
+                        {
+                            tracing::warn!(%status, "ADS stream refused: node not accepted");
+                            self.finished = true;
+                            return Some(Err(status));
+                        }
                         if let Err(e) = self.state.try_handle_request(req) {
                             tracing::warn!(error = %e, "ADS stream refused");
                             self.finished = true;
                             return Some(Err(e.into()));
                         }
-                        let snapshot = self.snapshots.borrow_and_update().clone();
+                        let snapshot = self.view();
                         self.pending.extend(self.state.poll(&snapshot));
                     }
                     Ok(None) => {
@@ -407,10 +491,21 @@ impl<V: Variant> Driver<V> {
                         self.finished = true;
                         return None;
                     }
-                    let snapshot = self.snapshots.borrow_and_update().clone();
+                    let snapshot = self.view();
                     self.pending.extend(self.state.poll(&snapshot));
                 }
             }
+        }
+    }
+}
+
+impl<V: Variant> Driver<V> {
+    /// The newest snapshot as this stream may see it.
+    fn view(&mut self) -> Arc<Snapshot> {
+        let snapshot = self.snapshots.borrow_and_update().clone();
+        match &mut self.guard {
+            Some(guard) => guard.view(&snapshot),
+            None => snapshot,
         }
     }
 }
@@ -445,6 +540,9 @@ impl Variant for SotwStream {
     fn observe(observer: &dyn RequestObserver, request: &DiscoveryRequest) {
         observer.on_sotw_request(request);
     }
+    fn node(request: &DiscoveryRequest) -> Option<&Node> {
+        request.node.as_ref()
+    }
     fn try_handle_request(&mut self, request: DiscoveryRequest) -> Result<(), RequestError> {
         SotwStream::try_handle_request(self, request)
     }
@@ -465,6 +563,9 @@ impl Variant for DeltaStream {
     }
     fn observe(observer: &dyn RequestObserver, request: &DeltaDiscoveryRequest) {
         observer.on_delta_request(request);
+    }
+    fn node(request: &DeltaDiscoveryRequest) -> Option<&Node> {
+        request.node.as_ref()
     }
     fn try_handle_request(&mut self, request: DeltaDiscoveryRequest) -> Result<(), RequestError> {
         DeltaStream::try_handle_request(self, request)

@@ -52,6 +52,7 @@ pub struct DeltaStream {
     types: BTreeMap<String, DeltaType>,
     nonce: u64,
     max_types: usize,
+    max_names: usize,
 }
 
 #[derive(Debug, Default)]
@@ -89,6 +90,7 @@ impl DeltaStream {
             types: BTreeMap::new(),
             nonce: 0,
             max_types: config.max_types_per_stream,
+            max_names: config.max_names_per_stream,
         }
     }
 
@@ -104,9 +106,10 @@ impl DeltaStream {
     ///
     /// # Errors
     ///
-    /// The request has no type URL, or is for a new type beyond the stream's limit; the
-    /// stream's state is unchanged (the node is still recorded). The server ends the stream
-    /// with the error's status.
+    /// The request has no type URL, is for a new type beyond the stream's limit, or would take
+    /// the stream past [`ServerConfig::max_names_per_stream`] (names subscribed over all
+    /// types, or the versions of a type's first request); the stream's state is unchanged
+    /// (the node is still recorded). The server ends the stream with the error's status.
     pub fn try_handle_request(&mut self, req: DeltaDiscoveryRequest) -> Result<(), RequestError> {
         let seen = Seen {
             variant: "Delta",
@@ -124,6 +127,7 @@ impl DeltaStream {
             self.types.len(),
             self.max_types,
         )?;
+        self.check_names(&req, first)?;
         let sub = self.types.entry(req.type_url).or_default();
         if first {
             sub.legacy = true;
@@ -158,6 +162,35 @@ impl DeltaStream {
         if sub.dirty && !(sub.legacy || sub.wildcard) {
             let names = &sub.names;
             sub.known.retain(|n, _| names.contains(n));
+        }
+        Ok(())
+    }
+
+    /// Refuses a request that would take the stream past its limit of names: what all types
+    /// subscribe to after it, or the versions it carries when it is a type's first.
+    fn check_names(&self, req: &DeltaDiscoveryRequest, first: bool) -> Result<(), RequestError> {
+        let held: usize = self.types.values().map(|t| t.names.len()).sum();
+        let sub = self.types.get(&req.type_url);
+        let has = |n: &String| sub.is_some_and(|t| t.names.contains(n));
+        let unsubscribe: BTreeSet<&String> = req.resource_names_unsubscribe.iter().collect();
+        let added: BTreeSet<&String> = req
+            .resource_names_subscribe
+            .iter()
+            .filter(|n| *n != "*" && !has(n) && !unsubscribe.contains(n))
+            .collect();
+        let removed = unsubscribe.iter().filter(|n| has(n)).count();
+        let names = (held - removed).saturating_add(added.len());
+        let initial = if first {
+            req.initial_resource_versions.len()
+        } else {
+            0
+        };
+        let names = names.max(initial);
+        if names > self.max_names {
+            return Err(RequestError::TooManyNames {
+                names,
+                limit: self.max_names,
+            });
         }
         Ok(())
     }

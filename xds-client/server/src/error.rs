@@ -19,6 +19,15 @@ pub enum RequestError {
         /// The limit.
         limit: usize,
     },
+    /// The request would take the stream past
+    /// [`ServerConfig::max_names_per_stream`](crate::ServerConfig::max_names_per_stream)
+    /// resource names. Status `RESOURCE_EXHAUSTED`.
+    TooManyNames {
+        /// How many names the stream would have.
+        names: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 // === impl RequestError ===
@@ -33,6 +42,10 @@ impl fmt::Display for RequestError {
                     "type {type_url} refused: at most {limit} types per stream"
                 )
             }
+            Self::TooManyNames { names, limit } => write!(
+                f,
+                "request refused: it would subscribe the stream to {names} resource names, at most {limit} per stream"
+            ),
         }
     }
 }
@@ -43,7 +56,9 @@ impl From<RequestError> for tonic::Status {
     fn from(e: RequestError) -> Self {
         let code = match e {
             RequestError::MissingTypeUrl => tonic::Code::InvalidArgument,
-            RequestError::TooManyTypes { .. } => tonic::Code::ResourceExhausted,
+            RequestError::TooManyTypes { .. } | RequestError::TooManyNames { .. } => {
+                tonic::Code::ResourceExhausted
+            }
         };
         tonic::Status::new(code, e.to_string())
     }

@@ -9,7 +9,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// A connection of [`AdsServer::serve_with_incoming`](crate::AdsServer::serve_with_incoming).
 /// tonic wants its `Connected` trait on every connection, which TLS streams of other crates
 /// do not implement; the service reads nothing from the connection info, so none is given.
-pub(crate) struct Io<T>(pub(crate) T);
+/// It holds its place among [`ServerConfig::max_connections`](crate::ServerConfig::max_connections)
+/// until it is dropped.
+pub(crate) struct Io<T> {
+    pub(crate) io: T,
+    pub(crate) _permit: Option<crate::limits::Permit>,
+}
 
 impl<T> tonic::transport::server::Connected for Io<T> {
     type ConnectInfo = ();
@@ -23,7 +28,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Io<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
@@ -33,7 +38,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Io<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -41,18 +46,18 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Io<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

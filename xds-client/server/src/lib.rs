@@ -16,7 +16,9 @@
 //!   subscriptions (named, `*`, legacy wildcard), Delta `initial_resource_versions`, only
 //!   changes pushed, nothing on an ACK or a NACK.
 //! - [`AdsServer`]: the tonic service, a thin loop around those states, with bounds
-//!   ([`ServerConfig`]), a hook that sees every request ([`RequestObserver`]), injection of
+//!   ([`ServerConfig`]), authentication and per-client views ([`AccessPolicy`]: credentials
+//!   checked when a stream opens, the node of every request checked, each stream served its
+//!   own part of the snapshot), a hook that sees every request ([`RequestObserver`]), injection of
 //!   raw responses and an abort (for tests and fault injection), graceful stop, and serving
 //!   over TCP or any incoming stream of connections (for TLS).
 //!
@@ -79,11 +81,13 @@
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod access;
 pub mod ads;
 mod config;
 mod delta;
 mod error;
 mod io;
+mod limits;
 mod observer;
 mod screen;
 pub mod snapshot;
@@ -102,6 +106,7 @@ pub mod envoy {
     pub use envoy_types::pb::google::protobuf::Any;
 }
 
+pub use access::{AccessPolicy, StreamAccess};
 pub use ads::{AdsServer, DeltaStream, SotwStream};
 pub use config::ServerConfig;
 pub use error::RequestError;

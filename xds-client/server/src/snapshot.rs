@@ -183,14 +183,7 @@ impl TypeSnapshot {
                 (name, VersionedResource { version, resource })
             })
             .collect();
-        let mut h = Sha256::new();
-        for (name, r) in &resources {
-            h.update(name.as_bytes());
-            h.update([0]);
-            h.update(r.version.as_bytes());
-            h.update([0]);
-        }
-        let content = hex64(&h.finalize());
+        let content = content_hash(&resources);
         Self {
             version: content.clone(),
             content,
@@ -218,6 +211,29 @@ impl TypeSnapshot {
         &self.resources
     }
 
+    /// The resources for which `keep` returns true, with their versions unchanged and the
+    /// type's version recomputed from what is kept (an explicit version is kept as it is): a
+    /// per-client view of a type without re-encoding or re-hashing its resources.
+    pub fn filtered(&self, mut keep: impl FnMut(&str, &VersionedResource) -> bool) -> Self {
+        let resources: BTreeMap<String, VersionedResource> = self
+            .resources
+            .iter()
+            .filter(|(name, r)| keep(name, r))
+            .map(|(name, r)| (name.clone(), r.clone()))
+            .collect();
+        let content = content_hash(&resources);
+        Self {
+            version: if self.explicit {
+                self.version.clone()
+            } else {
+                content.clone()
+            },
+            content,
+            explicit: self.explicit,
+            resources,
+        }
+    }
+
     /// Hash of the names and resource versions, whatever the version is.
     pub(crate) fn content(&self) -> &str {
         &self.content
@@ -233,6 +249,18 @@ impl Default for TypeSnapshot {
     fn default() -> Self {
         Self::new([])
     }
+}
+
+/// Hash of the names and versions of `resources`: a type's content version.
+fn content_hash(resources: &BTreeMap<String, VersionedResource>) -> String {
+    let mut h = Sha256::new();
+    for (name, r) in resources {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(r.version.as_bytes());
+        h.update([0]);
+    }
+    hex64(&h.finalize())
 }
 
 fn hash_hex(bytes: &[u8]) -> String {

@@ -53,6 +53,7 @@ pub struct SotwStream {
     types: BTreeMap<String, SotwType>,
     nonce: u64,
     max_types: usize,
+    max_names: usize,
 }
 
 #[derive(Debug, Default)]
@@ -87,6 +88,7 @@ impl SotwStream {
             types: BTreeMap::new(),
             nonce: 0,
             max_types: config.max_types_per_stream,
+            max_names: config.max_names_per_stream,
         }
     }
 
@@ -102,7 +104,9 @@ impl SotwStream {
     ///
     /// # Errors
     ///
-    /// The request has no type URL, or is for a new type beyond the stream's limit; the
+    /// The request has no type URL, is for a new type beyond the stream's limit, or names
+    /// more resources than the stream may subscribe to
+    /// ([`ServerConfig::max_names_per_stream`], counting the latest names of every type); the
     /// stream's state is unchanged (the node is still recorded). The server ends the stream
     /// with the error's status.
     pub fn try_handle_request(&mut self, req: DiscoveryRequest) -> Result<(), RequestError> {
@@ -122,6 +126,19 @@ impl SotwStream {
             self.types.len(),
             self.max_types,
         )?;
+        let others: usize = self
+            .types
+            .iter()
+            .filter(|(url, _)| **url != req.type_url)
+            .map(|(_, t)| t.names.len())
+            .sum();
+        let total = others.saturating_add(req.resource_names.len());
+        if total > self.max_names {
+            return Err(RequestError::TooManyNames {
+                names: total,
+                limit: self.max_names,
+            });
+        }
         let sub = self.types.entry(req.type_url).or_default();
         let mut names: BTreeSet<String> = req.resource_names.into_iter().collect();
         let star = names.remove("*");

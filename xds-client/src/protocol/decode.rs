@@ -18,10 +18,15 @@ const INVALID_ARGUMENT: i32 = 3;
 /// A rejected resource: its name when known, and why.
 pub(super) type Rejection = (Option<String>, String);
 
+/// The longest NACK error detail; the rejections past it are counted, not listed, so a NACK
+/// of many resources stays small enough for any server to read.
+const MAX_ERROR_DETAIL: usize = 16 * 1024;
+
 /// One resource of a response after step one (decode) and step two (validate).
 pub(super) struct Checked {
     pub(super) name: String,
-    pub(super) body: Option<(AnyResource, u64)>,
+    /// The value, the hash of its encoding, and its encoded size; `None` for a heartbeat.
+    pub(super) body: Option<(AnyResource, u64, usize)>,
     pub(super) version: String,
     pub(super) ttl: Option<Duration>,
 }
@@ -107,7 +112,7 @@ pub(super) fn check_any(
     h.write(&any.value);
     Ok(Checked {
         name,
-        body: Some((value, h.finish())),
+        body: Some((value, h.finish(), any.value.len())),
         version,
         ttl,
     })
@@ -146,19 +151,50 @@ pub(super) fn reject_duplicates(
     dups
 }
 
-/// The NACK's `error_detail` message: each rejected resource and why, in response order.
+/// What a cached resource counts against the cache limit: its encoding, its name and its
+/// version.
+pub(super) fn encoded_size(encoded: usize, name: &str, version: &str) -> usize {
+    encoded
+        .saturating_add(name.len())
+        .saturating_add(version.len())
+}
+
+/// The NACK's `error_detail` message: each rejected resource and why, in response order, up
+/// to [`MAX_ERROR_DETAIL`] bytes, then how many more were rejected.
 pub(super) fn summarize(errors: &[Rejection]) -> Option<String> {
     if errors.is_empty() {
         return None;
     }
-    let parts: Vec<String> = errors
-        .iter()
-        .map(|(n, why)| match n {
+    let mut out = String::new();
+    for (i, (n, why)) in errors.iter().enumerate() {
+        let part = match n {
             Some(n) => format!("{n}: {why}"),
             None => why.clone(),
-        })
-        .collect();
-    Some(parts.join("; "))
+        };
+        if out.len() + part.len() + 2 > MAX_ERROR_DETAIL {
+            if out.is_empty() {
+                // A single huge name or reason: keep its start.
+                let mut end = MAX_ERROR_DETAIL / 2;
+                while !part.is_char_boundary(end) {
+                    end -= 1;
+                }
+                out.push_str(&part[..end]);
+                out.push('…');
+                if i + 1 == errors.len() {
+                    return Some(out);
+                }
+                out.push_str(&format!("; and {} more rejected", errors.len() - i - 1));
+            } else {
+                out.push_str(&format!("; and {} more rejected", errors.len() - i));
+            }
+            return Some(out);
+        }
+        if !out.is_empty() {
+            out.push_str("; ");
+        }
+        out.push_str(&part);
+    }
+    Some(out)
 }
 
 pub(super) fn nack_status(message: String) -> Status {

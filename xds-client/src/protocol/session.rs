@@ -9,12 +9,16 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use foldhash::{HashMap as FastMap, HashSet as FastSet};
 
 use super::decode::{
-    Checked, Rejection, check_sotw_any, check_wrapped, nack_status, reject_duplicates, summarize,
+    Checked, Rejection, check_sotw_any, check_wrapped, encoded_size, nack_status,
+    reject_duplicates, summarize,
 };
 use crate::resource::{AnyResource, ResourceType};
 
 /// The wildcard subscription name (xDS: an explicit `*`).
 const WILDCARD: &str = "*";
+
+/// A type URL or nonce longer than this is never kept for a type nobody watches.
+const MAX_UNWATCHED_STRING: usize = 1024;
 
 /// Which ADS variant a session speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +35,9 @@ pub struct SessionConfig {
     mode: Mode,
     node: Option<Node>,
     does_not_exist_timeout: Duration,
+    max_resources_per_type: usize,
+    max_cached_bytes: usize,
+    max_type_urls: usize,
 }
 
 /// A request for the caller to send on the current stream.
@@ -119,6 +126,8 @@ struct TypeState {
     names: BTreeSet<String>,
     /// Cache and per-name protocol state; holds every subscribed name and every cached one.
     entries: FastMap<String, Entry>,
+    /// What the cached values of `entries` cost, as [`Cached::size`] counts it.
+    bytes: usize,
     /// SotW: last accepted version.
     version: String,
     /// Last nonce received on the current stream.
@@ -152,6 +161,9 @@ struct Cached {
     value: AnyResource,
     version: String,
     hash: u64,
+    /// What it counts against [`SessionConfig::max_cached_bytes`]: encoded size, name and
+    /// version.
+    size: usize,
 }
 
 struct Ack {
@@ -185,13 +197,51 @@ struct Diff {
 // === impl SessionConfig ===
 
 impl SessionConfig {
-    /// Defaults: no node, a does-not-exist timeout of 15 s (Envoy's and gRPC's).
+    /// Defaults: no node, a does-not-exist timeout of 15 s (Envoy's and gRPC's), at most
+    /// 100,000 resources of one type, 256 MiB of cached resources and 32 type URLs.
     pub fn new(mode: Mode) -> Self {
         Self {
             mode,
             node: None,
             does_not_exist_timeout: Duration::from_secs(15),
+            max_resources_per_type: 100_000,
+            max_cached_bytes: 256 << 20,
+            max_type_urls: 32,
         }
+    }
+
+    /// The most resources of one type the session holds (default 100,000): cached ones, the
+    /// names subscribed to, and names remembered as rejected. A response that carries more
+    /// than this is NACKed whole, before any of it is decoded; a resource that would add a
+    /// name beyond it is rejected (NACKed by name; the rest of the response applies).
+    /// Names the program subscribes to are never refused, but count.
+    ///
+    /// A 64 MiB response could otherwise carry millions of tiny resources, each costing far
+    /// more decoded than on the wire.
+    pub fn max_resources_per_type(mut self, max: usize) -> Self {
+        self.max_resources_per_type = max;
+        self
+    }
+
+    /// The most bytes of resources the session caches over all types (default 256 MiB),
+    /// counting each resource as its encoded size plus its name and version (State of the
+    /// World gives every resource the response's version, so a long version counts once per
+    /// resource). A response whose resources alone exceed it is NACKed whole; a resource
+    /// that would take the cache beyond it is rejected by name. Decoded values take more
+    /// memory than this count, by a factor that depends on the type.
+    pub fn max_cached_bytes(mut self, bytes: usize) -> Self {
+        self.max_cached_bytes = bytes;
+        self
+    }
+
+    /// The most type URLs the session keeps state for (default 32). Types the program
+    /// subscribes to always get state; a response for a further type URL that nobody
+    /// watches is NACKed and nothing of it is kept. The nonce of an unwatched type is kept
+    /// (for a later subscription) only while the limit allows, and only when it and the
+    /// type URL are at most 1 KiB each.
+    pub fn max_type_urls(mut self, max: usize) -> Self {
+        self.max_type_urls = max;
+        self
     }
 
     /// The node sent on the first request of each stream.
@@ -388,6 +438,12 @@ impl Session {
             .is_some_and(|e| e.absent)
     }
 
+    /// What the cached resources cost over all types, as
+    /// [`SessionConfig::max_cached_bytes`] counts it.
+    pub fn cached_bytes(&self) -> usize {
+        self.types.values().map(|ts| ts.bytes).sum()
+    }
+
     /// Number of cached resources over all types.
     pub fn cached_len(&self) -> usize {
         self.types
@@ -453,6 +509,16 @@ impl Session {
         let mut req = None;
         if let Some(ack) = self.acks.pop_front() {
             req = match self.config.mode {
+                Mode::StateOfTheWorld if !self.types.contains_key(&ack.type_url) => {
+                    // A type refused state: the answer carries no subscription.
+                    Some(Request::Sotw(DiscoveryRequest {
+                        version_info: ack.version,
+                        type_url: ack.type_url,
+                        response_nonce: ack.nonce,
+                        error_detail: ack.error.map(nack_status),
+                        ..Default::default()
+                    }))
+                }
                 Mode::StateOfTheWorld => {
                     let url = ack.type_url.clone();
                     self.build_sotw(&url, now, Some(ack)).map(Request::Sotw)
@@ -528,7 +594,8 @@ impl Session {
                 }
                 TimerKind::Ttl if e.ttl_deadline == Some(t.at) => {
                     e.ttl_deadline = None;
-                    if e.cached.take().is_some() {
+                    if let Some(gone) = e.cached.take() {
+                        ts.bytes = ts.bytes.saturating_sub(gone.size);
                         e.absent = true;
                         if !ts.names.contains(&t.name) {
                             ts.entries.remove(&t.name);
@@ -558,8 +625,16 @@ impl Session {
     }
 
     fn handle_sotw(&mut self, now: Instant, resp: DiscoveryResponse) {
-        let ts = self.types.entry(resp.type_url.clone()).or_default();
-        ts.nonce.clone_from(&resp.nonce);
+        let Some(ts) = self.admit_type(&resp.type_url, &resp.nonce) else {
+            let error = self.type_refusal(&resp.type_url);
+            self.acks.push_back(Ack {
+                type_url: resp.type_url,
+                version: String::new(),
+                nonce: resp.nonce,
+                error,
+            });
+            return;
+        };
         let Some(kind) = ts.kind.filter(|_| ts.wildcard || !ts.names.is_empty()) else {
             // Nobody watches this type: answer with the nonce, keep nothing.
             self.acks.push_back(Ack {
@@ -568,6 +643,22 @@ impl Session {
                 nonce: resp.nonce,
                 error: None,
             });
+            return;
+        };
+        if let Some(error) = self.refuse_whole(
+            resp.resources.len(),
+            resp.resources.iter().map(|a| a.value.len()).sum(),
+        ) {
+            let version = self.version(kind.type_url()).unwrap_or_default().to_owned();
+            self.acks.push_back(Ack {
+                type_url: resp.type_url,
+                version,
+                nonce: resp.nonce,
+                error: Some(error),
+            });
+            return;
+        }
+        let Some(ts) = self.types.get_mut(kind.type_url()) else {
             return;
         };
         let mut errors: Vec<Rejection> = Vec::new();
@@ -607,13 +698,17 @@ impl Session {
                     .map(|(n, _)| n.clone()),
             );
         }
-        self.apply(now, kind, checked, &errors);
+        // What the response drops goes first, so that its place counts for what it brings.
         let Some(ts) = self.types.get_mut(kind.type_url()) else {
             return;
         };
         for name in gone {
             remove_entry(ts, &mut self.timers, &mut self.events, kind, &name);
         }
+        self.apply(now, kind, checked, &mut errors);
+        let Some(ts) = self.types.get_mut(kind.type_url()) else {
+            return;
+        };
         let error = summarize(&errors);
         if error.is_none() {
             ts.version.clone_from(&resp.version_info);
@@ -631,8 +726,16 @@ impl Session {
     }
 
     fn handle_delta(&mut self, now: Instant, resp: DeltaDiscoveryResponse) {
-        let ts = self.types.entry(resp.type_url.clone()).or_default();
-        ts.nonce.clone_from(&resp.nonce);
+        let Some(ts) = self.admit_type(&resp.type_url, &resp.nonce) else {
+            let error = self.type_refusal(&resp.type_url);
+            self.acks.push_back(Ack {
+                type_url: resp.type_url,
+                version: String::new(),
+                nonce: resp.nonce,
+                error,
+            });
+            return;
+        };
         let Some(kind) = ts.kind.filter(|_| ts.wildcard || !ts.names.is_empty()) else {
             self.acks.push_back(Ack {
                 type_url: resp.type_url,
@@ -642,6 +745,20 @@ impl Session {
             });
             return;
         };
+        let encoded = resp
+            .resources
+            .iter()
+            .map(|r| r.resource.as_ref().map_or(0, |a| a.value.len()))
+            .sum();
+        if let Some(error) = self.refuse_whole(resp.resources.len(), encoded) {
+            self.acks.push_back(Ack {
+                type_url: resp.type_url,
+                version: String::new(),
+                nonce: resp.nonce,
+                error: Some(error),
+            });
+            return;
+        }
         let mut errors: Vec<Rejection> = Vec::new();
         let mut checked: Vec<Checked> = Vec::with_capacity(resp.resources.len());
         for (i, r) in resp.resources.into_iter().enumerate() {
@@ -659,7 +776,7 @@ impl Session {
                 .filter(|n| !n.is_empty()),
         );
         let rejected = reject_duplicates(&mut checked, &mut errors, &removed);
-        self.apply(now, kind, checked, &errors);
+        self.apply(now, kind, checked, &mut errors);
         let Some(ts) = self.types.get_mut(kind.type_url()) else {
             return;
         };
@@ -677,28 +794,65 @@ impl Session {
         });
     }
 
-    /// Applies the valid resources of a response and records the rejected ones.
+    /// Applies the valid resources of a response and records the rejected ones, adding to
+    /// `errors` the resources refused for a limit.
     fn apply(
         &mut self,
         now: Instant,
         kind: ResourceType,
         checked: Vec<Checked>,
-        errors: &[Rejection],
+        errors: &mut Vec<Rejection>,
     ) {
         let type_url = kind.type_url();
+        let max_entries = self.config.max_resources_per_type;
+        let max_bytes = self.config.max_cached_bytes;
+        let other_bytes: usize = self
+            .types
+            .iter()
+            .filter(|(url, _)| url.as_str() != type_url)
+            .map(|(_, ts)| ts.bytes)
+            .sum();
         let Some(ts) = self.types.get_mut(type_url) else {
             return;
         };
         let timers = &mut self.timers;
+        let mut refused: Vec<Rejection> = Vec::new();
         for c in checked {
             if !(ts.wildcard || ts.names.contains(&c.name)) {
                 continue;
             }
-            if c.body.is_none() && !ts.entries.contains_key(&c.name) {
+            let held = ts.entries.contains_key(&c.name);
+            if c.body.is_none() && !held {
                 continue; // a heartbeat for something we do not have
             }
+            if !held && ts.entries.len() >= max_entries {
+                refused.push((
+                    Some(c.name),
+                    format!("refused: the client holds its limit of {max_entries} resources of this type"),
+                ));
+                continue;
+            }
+            if let Some((_, _, encoded)) = &c.body {
+                let size = encoded_size(*encoded, &c.name, &c.version);
+                let old = ts
+                    .entries
+                    .get(&c.name)
+                    .and_then(|e| e.cached.as_ref())
+                    .map_or(0, |c| c.size);
+                if other_bytes
+                    .saturating_add(ts.bytes.saturating_sub(old))
+                    .saturating_add(size)
+                    > max_bytes
+                {
+                    refused.push((
+                        Some(c.name),
+                        format!("refused: caching it would exceed the client's limit of {max_bytes} cached bytes"),
+                    ));
+                    continue;
+                }
+            }
             let e = ts.entries.entry(c.name.clone()).or_default();
-            let Some((value, hash)) = c.body else {
+            let Some((value, hash, encoded)) = c.body else {
                 if e.cached.is_some() {
                     set_ttl(
                         timers,
@@ -720,13 +874,20 @@ impl Session {
             );
             e.absent = false;
             e.rejected = false;
+            let size = encoded_size(encoded, &c.name, &c.version);
+            let old = e.cached.as_ref().map_or(0, |c| c.size);
+            ts.bytes = ts.bytes.saturating_sub(old).saturating_add(size);
             match &mut e.cached {
-                Some(cached) if cached.hash == hash => cached.version = c.version,
+                Some(cached) if cached.hash == hash => {
+                    cached.version = c.version;
+                    cached.size = size;
+                }
                 slot => {
                     *slot = Some(Cached {
                         value: value.clone(),
                         version: c.version.clone(),
                         hash,
+                        size,
                     });
                     self.events.push_back(Event::Updated {
                         type_url,
@@ -737,21 +898,84 @@ impl Session {
                 }
             }
         }
-        for (name, why) in errors {
+        for (name, why) in errors.iter() {
             if let Some(name) = name {
                 if !(ts.wildcard || ts.names.contains(name)) {
                     continue;
                 }
-                let e = ts.entries.entry(name.clone()).or_default();
-                // It exists, it is just wrong: never report it as non-existent.
-                cancel_dne(timers, type_url, name, e);
-                e.rejected = true;
+                if let Some(e) = ts.entries.get_mut(name) {
+                    // It exists, it is just wrong: never report it as non-existent.
+                    cancel_dne(timers, type_url, name, e);
+                    e.rejected = true;
+                } else if ts.entries.len() < max_entries {
+                    ts.entries.entry(name.clone()).or_default().rejected = true;
+                }
             }
             self.events.push_back(Event::Rejected {
                 type_url,
                 name: name.clone(),
                 error: why.clone(),
             });
+        }
+        for (name, why) in &refused {
+            self.events.push_back(Event::Rejected {
+                type_url,
+                name: name.clone(),
+                error: why.clone(),
+            });
+        }
+        errors.extend(refused);
+    }
+
+    /// The state of `type_url` for a response carrying `nonce`, recording the nonce; `None`
+    /// when the type has no state and gets none (see [`SessionConfig::max_type_urls`]).
+    fn admit_type(&mut self, type_url: &str, nonce: &str) -> Option<&mut TypeState> {
+        let known = self.types.contains_key(type_url);
+        if !known
+            && (self.types.len() >= self.config.max_type_urls
+                || type_url.len() > MAX_UNWATCHED_STRING
+                || nonce.len() > MAX_UNWATCHED_STRING)
+        {
+            return None;
+        }
+        let ts = self.types.entry(type_url.to_owned()).or_default();
+        if ts.kind.is_none() && nonce.len() > MAX_UNWATCHED_STRING {
+            ts.nonce.clear();
+        } else {
+            ts.nonce.clear();
+            ts.nonce.push_str(nonce);
+        }
+        Some(ts)
+    }
+
+    /// Why a response for a type without state is NACKed, if it is.
+    fn type_refusal(&self, type_url: &str) -> Option<String> {
+        (self.types.len() >= self.config.max_type_urls).then(|| {
+            format!(
+                "type URL {:?} refused: the client already holds state for {} type URLs, its limit",
+                truncated(type_url, 128),
+                self.config.max_type_urls
+            )
+        })
+    }
+
+    /// Why a whole response is NACKed before decoding, if it is: more resources than one type
+    /// may hold, or more bytes than the whole cache may.
+    fn refuse_whole(&self, count: usize, encoded: usize) -> Option<String> {
+        let (max_count, max_bytes) = (
+            self.config.max_resources_per_type,
+            self.config.max_cached_bytes,
+        );
+        if count > max_count {
+            Some(format!(
+                "response refused: it carries {count} resources, more than the client's limit of {max_count} resources of one type; nothing of it applied"
+            ))
+        } else if encoded > max_bytes {
+            Some(format!(
+                "response refused: its resources take {encoded} bytes, more than the client's limit of {max_bytes} cached bytes; nothing of it applied"
+            ))
+        } else {
+            None
         }
     }
 
@@ -861,6 +1085,7 @@ fn diff_subscriptions(ts: &mut TypeState, timers: &mut BTreeSet<Timer>, url: &st
         wildcard,
         names,
         entries,
+        bytes,
         sent,
         ..
     } = ts;
@@ -872,6 +1097,7 @@ fn diff_subscriptions(ts: &mut TypeState, timers: &mut BTreeSet<Timer>, url: &st
                     let keep = names.contains(k);
                     if !keep {
                         drop_timers(timers, url, k, e);
+                        *bytes = bytes.saturating_sub(e.cached.as_ref().map_or(0, |c| c.size));
                     }
                     keep
                 });
@@ -881,6 +1107,7 @@ fn diff_subscriptions(ts: &mut TypeState, timers: &mut BTreeSet<Timer>, url: &st
             && let Some(e) = entries.remove(n)
         {
             drop_timers(timers, url, n, &e);
+            *bytes = bytes.saturating_sub(e.cached.as_ref().map_or(0, |c| c.size));
         }
     }
     match sent {
@@ -1031,7 +1258,9 @@ fn remove_entry(
     };
     cancel_dne(timers, kind.type_url(), name, e);
     set_ttl(timers, kind.type_url(), name, e, None);
-    let had = e.cached.take().is_some();
+    let gone = e.cached.take();
+    let had = gone.is_some();
+    ts.bytes = ts.bytes.saturating_sub(gone.as_ref().map_or(0, |c| c.size));
     let was_absent = e.absent;
     e.absent = true;
     e.rejected = false;
@@ -1050,4 +1279,13 @@ fn remove_entry(
         name: name.to_owned(),
         reason,
     });
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn truncated(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }

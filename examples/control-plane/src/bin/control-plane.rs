@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use meshkit_cli::{CliError, init_logging, stop_signal};
 use meshkit_control_plane::ca::TokenGrants;
+use meshkit_control_plane::tls::ServingTls;
 use meshkit_control_plane::translate::TranslateOptions;
 use meshkit_control_plane::{CaSource, ControlPlane, ControlPlaneConfig};
 
@@ -30,8 +31,9 @@ struct Args {
     /// CA (IstioCertificateService) listen address.
     #[arg(long, default_value = "127.0.0.1:15012")]
     ca_listen: SocketAddr,
-    /// Bootstrap token file: one token per line, then the SPIFFE IDs (or `prefix/*`) it may
-    /// request. Without it the CA refuses every request.
+    /// Token file: one token per line, then its xDS role (`node=NAME` or `gateway=NAME`) and
+    /// the SPIFFE IDs (or `prefix/*`) it may request from the CA. Without it ADS and the CA
+    /// refuse every client.
     #[arg(long)]
     tokens: Option<PathBuf>,
     /// Trust domain of the mesh.
@@ -60,6 +62,14 @@ struct Args {
     /// Only Ingresses of this class (or without one) are translated for Envoy.
     #[arg(long)]
     ingress_class: Option<String>,
+    /// DNS name in the serving certificate of ADS and the CA (repeatable; the listen IPs are
+    /// added as IP names).
+    #[arg(long = "tls-dns-name", default_value = "istiod.istio-system.svc")]
+    tls_dns_names: Vec<String>,
+    /// Serve ADS and the CA in plaintext (refused unless both listen on loopback). Clients
+    /// still need tokens.
+    #[arg(long)]
+    plaintext: bool,
 }
 
 fn main() -> ExitCode {
@@ -100,6 +110,15 @@ async fn run(args: Args) -> Result<(), CliError> {
         .with_grants(grants)
         .with_ca(ca)
         .with_translate(translate);
+    let config = if args.plaintext {
+        config.with_plaintext()
+    } else {
+        config.with_tls(
+            ServingTls::default()
+                .with_dns_names(args.tls_dns_names)
+                .with_provider(meshkit_cli::crypto_provider()),
+        )
+    };
     let cp = ControlPlane::start(config).await?;
     if let Some(path) = &args.root_out {
         std::fs::write(path, cp.root_pem())

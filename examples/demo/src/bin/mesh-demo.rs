@@ -19,7 +19,8 @@ use clap::Parser;
 use http_body_util::{BodyExt, Empty};
 use meshkit_cli::CliError;
 use meshkit_demo::{
-    DemoMesh, EchoReply, EnvoyListeners, GATEWAY_ID, MeshOptions, envoy_bootstrap, write_samples,
+    DemoMesh, EchoReply, EnvoyListeners, EnvoyXdsSecurity, GATEWAY_ID, MeshOptions,
+    envoy_bootstrap_with, write_samples,
 };
 use meshkit_gateway::{BACKEND_IDENTITY, BACKEND_WORKLOAD};
 use tokio::net::TcpStream;
@@ -193,11 +194,12 @@ async fn run(args: Args) -> Result<bool, CliError> {
     let mesh = DemoMesh::start(dir.clone(), options, |line| println!("      {line}")).await?;
     step(2, total, &format!("mesh up in {:?}", started.elapsed()));
     if let Some(path) = &args.envoy_bootstrap_out {
-        let bootstrap = envoy_bootstrap(
+        let bootstrap = envoy_bootstrap_with(
             mesh.control_plane.ads_addr(),
             "envoy-gateway",
             args.envoy_delta,
             SocketAddr::from(([127, 0, 0, 1], 0)),
+            &EnvoyXdsSecurity::demo(&mesh.control_plane),
         );
         std::fs::write(path, bootstrap)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;

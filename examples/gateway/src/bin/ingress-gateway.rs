@@ -18,7 +18,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use meshkit_cli::{
-    CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
+    CliError, ControlPlaneArgs, init_logging, load_bundle, parse_id, reload_every_second, run_main,
+    stop_signal,
 };
 use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
 use meshkit_hbone::Client;
@@ -50,7 +51,8 @@ struct Args {
     /// JSON file with the mesh's workloads and services; re-read when it changes.
     #[arg(long, required_unless_present = "xds", requires = "ingress")]
     mesh: Option<PathBuf>,
-    /// The control plane's ADS URL (`http://HOST:PORT`): Ingresses, IngressClasses, TLS
+    /// The control plane's ADS URL (`https://HOST:PORT`, or `http://` for a plaintext
+    /// control plane on loopback): Ingresses, IngressClasses, TLS
     /// Secrets and workloads over State-of-the-World xDS instead of files.
     #[arg(long, conflicts_with_all = ["ingress", "mesh", "tls_secrets"])]
     xds: Option<String>,
@@ -75,12 +77,18 @@ struct Args {
     /// PEM roots of the trust domain (the CA's root certificate).
     #[arg(long)]
     ca_root: PathBuf,
-    /// Bearer token sent to the CA.
+    /// Bearer token sent to the CA (default: the contents of --xds-token-file).
     #[arg(long)]
     ca_token: Option<String>,
+    /// TLS and token for the control plane (ADS and CA).
+    #[command(flatten)]
+    control_plane: ControlPlaneArgs,
     /// Only route Ingresses of this IngressClass.
     #[arg(long)]
     ingress_class: Option<String>,
+    /// Client limits and forwarding-header trust.
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Worker threads (1: everything on one thread).
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -132,12 +140,10 @@ async fn run(args: Args) -> Result<(), CliError> {
     }
     let identity = parse_id("--identity", &args.identity)?;
     let bundles = load_bundle(&args.ca_root, &identity.trust_domain())?;
-    let channel = tonic::transport::Endpoint::from_shared(args.ca.clone())
-        .map_err(|e| format!("--ca {:?}: {e}", args.ca))?
-        .connect_lazy();
+    let channel = args.control_plane.ca_channel(&args.ca, &args.ca_root)?;
     let mut ca = IstioCaClient::new(channel);
-    if let Some(token) = &args.ca_token {
-        ca = ca.with_bearer_token(token)?;
+    if let Some(token) = args.control_plane.ca_token(args.ca_token.as_deref())? {
+        ca = ca.with_bearer_token(&token)?;
     }
     let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
     let client = Client::new(meshkit_cli::hbone_client_config(), certs, bundles);
@@ -156,9 +162,11 @@ async fn run(args: Args) -> Result<(), CliError> {
                 cluster: args.cluster.clone(),
                 ..Default::default()
             };
-            let (rx, feed) = meshkit_gateway::feed::gateway_config_over_xds(
+            let xds = args.control_plane.xds_config(
+                ads,
                 meshkit_xds_client::ClientConfig::new(ads.clone(), Mode::StateOfTheWorld, node),
-            );
+            )?;
+            let (rx, feed) = meshkit_gateway::feed::gateway_config_over_xds(xds);
             tracing::info!(%ads, "configuration over xDS");
             (None, rx, feed)
         }
@@ -172,6 +180,7 @@ async fn run(args: Args) -> Result<(), CliError> {
     if let Some(class) = &args.ingress_class {
         settings = settings.with_ingress_class(class.clone());
     }
+    let settings = args.limits.apply(settings);
     let gateway = Gateway::new(settings, client, config_rx);
 
     let mut servers = tokio::task::JoinSet::new();
@@ -210,4 +219,64 @@ async fn run(args: Args) -> Result<(), CliError> {
     }
     servers.shutdown().await;
     Ok(())
+}
+
+/// What a client may hold, and whose forwarding headers count (docs/gateway.md, "Limits").
+#[derive(clap::Args, Debug)]
+struct LimitArgs {
+    /// Client connections open at once, all listeners together; more are closed at accept
+    /// [default: 10000].
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// The largest request body in bytes; more gets 413 [default: 16777216].
+    #[arg(long)]
+    max_request_body_bytes: Option<u64>,
+    /// Seconds a request body may take to arrive; longer gets 408 [default: 60].
+    #[arg(long)]
+    request_body_timeout_seconds: Option<u64>,
+    /// Seconds a backend may take to answer after the request body; longer gets 504
+    /// [default: 30].
+    #[arg(long)]
+    response_timeout_seconds: Option<u64>,
+    /// Seconds an HTTP/1 request head may take [default: 30].
+    #[arg(long)]
+    header_read_timeout_seconds: Option<u64>,
+    /// Seconds a client connection may stay with no request in flight [default: 60].
+    #[arg(long)]
+    idle_timeout_seconds: Option<u64>,
+    /// `ADDRESS` or `ADDRESS/PREFIX` of a proxy in front of the gateway whose
+    /// X-Forwarded-For and Forwarded are kept; from others they are replaced. Repeatable.
+    #[arg(long = "trusted-proxy")]
+    trusted_proxies: Vec<meshkit_gateway::Cidr>,
+    /// Name the answering workload and its SPIFFE ID in answer headers (debugging; tells
+    /// clients about the mesh).
+    #[arg(long)]
+    debug_backend_headers: bool,
+}
+
+impl LimitArgs {
+    fn apply(&self, mut settings: GatewaySettings) -> GatewaySettings {
+        let secs = std::time::Duration::from_secs;
+        if let Some(max) = self.max_connections {
+            settings = settings.with_max_connections(max);
+        }
+        if let Some(max) = self.max_request_body_bytes {
+            settings = settings.with_max_request_body_bytes(max);
+        }
+        if let Some(s) = self.request_body_timeout_seconds {
+            settings = settings.with_request_body_timeout(secs(s));
+        }
+        if let Some(s) = self.response_timeout_seconds {
+            settings = settings.with_response_timeout(secs(s));
+        }
+        if let Some(s) = self.header_read_timeout_seconds {
+            settings = settings.with_header_read_timeout(secs(s));
+        }
+        if let Some(s) = self.idle_timeout_seconds {
+            settings = settings.with_idle_timeout(secs(s));
+        }
+        settings
+            .with_trusted_proxies(self.trusted_proxies.iter().copied())
+            .with_backend_headers(self.debug_backend_headers)
+    }
 }

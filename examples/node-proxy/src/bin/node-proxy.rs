@@ -16,7 +16,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use meshkit_cli::{
-    CliError, init_logging, load_bundle, parse_id, reload_every_second, run_main, stop_signal,
+    CliError, ControlPlaneArgs, init_logging, load_bundle, parse_id, reload_every_second, run_main,
+    stop_signal,
 };
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{SvidCache, TrustDomain};
@@ -43,8 +44,8 @@ struct Args {
     /// JSON file with the mesh's workloads and services; re-read when it changes.
     #[arg(long, required_unless_present = "xds", conflicts_with = "xds")]
     mesh: Option<PathBuf>,
-    /// The control plane's ADS URL (`http://HOST:PORT`): workloads over Delta xDS instead of
-    /// a mesh file.
+    /// The control plane's ADS URL (`https://HOST:PORT`, or `http://` for a plaintext
+    /// control plane on loopback): workloads over Delta xDS instead of a mesh file.
     #[arg(long)]
     xds: Option<String>,
     /// The cluster this node belongs to, sent to the control plane in the xDS node.
@@ -56,9 +57,12 @@ struct Args {
     /// PEM roots of the trust domain (the CA's root certificate).
     #[arg(long)]
     ca_root: PathBuf,
-    /// Bearer token sent to the CA.
+    /// Bearer token sent to the CA (default: the contents of --xds-token-file).
     #[arg(long)]
     ca_token: Option<String>,
+    /// TLS and token for the control plane (ADS and CA).
+    #[command(flatten)]
+    control_plane: ControlPlaneArgs,
     /// `LISTEN=HOST:PORT`: an outbound listener for port PORT of service HOST. Repeatable.
     #[arg(long = "outbound", value_parser = parse_outbound)]
     outbound: Vec<OutboundListener>,
@@ -104,12 +108,10 @@ async fn run(args: Args) -> Result<(), CliError> {
     let td = TrustDomain::new(&args.trust_domain)
         .map_err(|e| format!("--trust-domain {:?}: {e}", args.trust_domain))?;
     let bundles = load_bundle(&args.ca_root, &td)?;
-    let channel = tonic::transport::Endpoint::from_shared(args.ca.clone())
-        .map_err(|e| format!("--ca {:?}: {e}", args.ca))?
-        .connect_lazy();
+    let channel = args.control_plane.ca_channel(&args.ca, &args.ca_root)?;
     let mut ca = IstioCaClient::new(channel);
-    if let Some(token) = &args.ca_token {
-        ca = ca.with_bearer_token(token)?;
+    if let Some(token) = args.control_plane.ca_token(args.ca_token.as_deref())? {
+        ca = ca.with_bearer_token(&token)?;
     }
     let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
 
@@ -136,9 +138,11 @@ async fn run(args: Args) -> Result<(), CliError> {
             cluster: args.cluster.clone(),
             ..Default::default()
         };
-        let (mesh_rx, _feed) = meshkit_mesh::feed::mesh_over_xds(
+        let xds = args.control_plane.xds_config(
+            &ads,
             meshkit_xds_client::ClientConfig::new(ads.clone(), Mode::Delta, node),
-        );
+        )?;
+        let (mesh_rx, _feed) = meshkit_mesh::feed::mesh_over_xds(xds);
         let proxy = NodeProxy::start(config, mesh_rx, certs, bundles).await?;
         tracing::info!(node = %args.node, %ads, outbound = ?proxy.outbound_addrs(), "node proxy ready, workloads over xDS");
         stop_signal().await;

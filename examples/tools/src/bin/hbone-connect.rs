@@ -18,6 +18,7 @@ use meshkit_cli::{
     CliError, init_logging, load_bundle, load_svid, parse_id, run_main, stop_signal,
 };
 use meshkit_hbone::{Client, Target, copy_bidirectional};
+use meshkit_identity::ErrorChain;
 use tokio::net::TcpListener;
 
 // mimalloc keeps the HTTP/2 frame buffers glibc would return to the kernel (docs/hbone.md).
@@ -124,6 +125,8 @@ async fn accept_loop(
                 Ok(tunnel) => tunnel,
                 Err(e) => {
                     tracing::warn!(%source, destination = %target.destination, error = %e, "tunnel refused");
+                    // A reset, not a FIN: an empty answer must not look like a complete one.
+                    let _ = sock.set_zero_linger();
                     return;
                 }
             };
@@ -134,9 +137,11 @@ async fn accept_loop(
                 .map(ToString::to_string)
                 .unwrap_or_default();
             tracing::info!(%source, destination = %target.destination, %peer, "tunnel");
-            let (reader, writer) = sock.into_split();
-            if let Err(e) = copy_bidirectional(tunnel, reader, writer).await {
-                tracing::debug!(%source, error = %e, "tunnel ended with an error");
+            match copy_bidirectional(tunnel, sock).await {
+                Ok(copied) => {
+                    tracing::info!(%source, sent = copied.to_tunnel, received = copied.from_tunnel, "tunnel closed")
+                }
+                Err(e) => tracing::warn!(%source, error = %ErrorChain(&e), "tunnel reset"),
             }
         });
     }

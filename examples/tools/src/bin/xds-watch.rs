@@ -29,9 +29,12 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// The ADS server, `http://host:port`.
+    /// The ADS server, `https://host:port` (with --xds-ca), or `http://host:port`.
     #[arg(long)]
     server: String,
+    /// TLS and token for the control plane.
+    #[command(flatten)]
+    control_plane: meshkit_cli::ControlPlaneArgs,
     /// The resource type.
     #[arg(long = "type", value_enum)]
     kind: Kind,
@@ -88,7 +91,10 @@ async fn run(args: Args) -> Result<(), CliError> {
     } else {
         Mode::StateOfTheWorld
     };
-    let mut config = ClientConfig::new(args.server.clone(), mode, node);
+    let mut config = args.control_plane.xds_config(
+        &args.server,
+        ClientConfig::new(args.server.clone(), mode, node),
+    )?;
     if args.give_up_after > 0 {
         config = config.give_up_after(Duration::from_secs(args.give_up_after));
     }

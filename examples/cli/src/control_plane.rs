@@ -1,0 +1,113 @@
+//! The flags with which every program reaches the control plane: its CA bundle, an alternate
+//! server name and a token file, the same for `node-proxy`, `ingress-gateway` and `xds-watch`.
+
+use std::path::{Path, PathBuf};
+
+use meshkit_xds_client::{ClientConfig, ControlPlaneTls};
+
+use crate::CliError;
+
+/// How to reach the control plane over TLS, with a token. Flatten it into a program's flags
+/// (`#[command(flatten)]`).
+///
+/// An `https://` URL (of `--xds`, `--server` or `--ca`) is dialled over TLS, checking the
+/// control plane's certificate against `--xds-ca` (for the CA: `--xds-ca`, else the mesh root
+/// the program already takes); an `http://` URL is plaintext, which the control plane serves
+/// only on loopback.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct ControlPlaneArgs {
+    /// PEM bundle the control plane's serving certificate chains to (the mesh root that
+    /// `control-plane --root-out` writes).
+    #[arg(long, value_name = "FILE")]
+    pub xds_ca: Option<PathBuf>,
+    /// Check the control plane's certificate against this name instead of the URL's host
+    /// (the control plane's certificate names `istiod.istio-system.svc` by default).
+    #[arg(long, value_name = "NAME")]
+    pub xds_server_name: Option<String>,
+    /// File with the bearer token for the control plane (re-read for every xDS stream); also
+    /// sent to the CA unless a CA token is given.
+    #[arg(long, value_name = "FILE")]
+    pub xds_token_file: Option<PathBuf>,
+}
+
+// === impl ControlPlaneArgs ===
+
+impl ControlPlaneArgs {
+    /// TLS settings from `roots` and `--xds-server-name`, with the programs' crypto provider.
+    fn tls_with(&self, roots: &Path) -> Result<ControlPlaneTls, CliError> {
+        let mut tls = ControlPlaneTls::from_pem_file(roots)
+            .map_err(|e| format!("--xds-ca {}: {}", roots.display(), crate::error_chain(&e)))?
+            .with_provider(crate::crypto_provider());
+        if let Some(name) = &self.xds_server_name {
+            tls = tls
+                .with_server_name(name)
+                .map_err(|e| format!("--xds-server-name: {}", crate::error_chain(&e)))?;
+        }
+        Ok(tls)
+    }
+
+    /// `config` (for the URL `uri`) with TLS for an `https://` URL and the token file.
+    ///
+    /// # Errors
+    ///
+    /// An `https://` URL without `--xds-ca`, or an unreadable bundle.
+    pub fn xds_config(&self, uri: &str, config: ClientConfig) -> Result<ClientConfig, CliError> {
+        let mut config = config;
+        if uri.starts_with("https://") {
+            let roots = self
+                .xds_ca
+                .as_deref()
+                .ok_or("an https:// control plane URL needs --xds-ca")?;
+            config = config
+                .with_control_plane_tls(&self.tls_with(roots)?)
+                .map_err(|e| crate::error_chain(&e))?;
+        }
+        if let Some(path) = &self.xds_token_file {
+            config = config.bearer_token_file(path);
+        }
+        Ok(config)
+    }
+
+    /// A lazily connecting channel to the CA at `uri`: TLS for `https://`, checked against
+    /// `--xds-ca` or else `mesh_root`.
+    ///
+    /// # Errors
+    ///
+    /// When `uri` does not parse or the bundle cannot be read.
+    pub fn ca_channel(
+        &self,
+        uri: &str,
+        mesh_root: &Path,
+    ) -> Result<tonic::transport::Channel, CliError> {
+        if uri.starts_with("https://") {
+            let roots = self.xds_ca.as_deref().unwrap_or(mesh_root);
+            return self
+                .tls_with(roots)?
+                .connect_lazy(uri)
+                .map_err(|e| format!("--ca {uri:?}: {}", crate::error_chain(&e)).into());
+        }
+        Ok(tonic::transport::Endpoint::from_shared(uri.to_owned())
+            .map_err(|e| format!("--ca {uri:?}: {e}"))?
+            .connect_lazy())
+    }
+
+    /// The token for the CA: `explicit` (a `--ca-token`), else the token file's contents.
+    ///
+    /// # Errors
+    ///
+    /// When the token file cannot be read.
+    pub fn ca_token(&self, explicit: Option<&str>) -> Result<Option<String>, CliError> {
+        if let Some(token) = explicit {
+            return Ok(Some(token.to_owned()));
+        }
+        match &self.xds_token_file {
+            Some(path) => Ok(Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("--xds-token-file {}: {e}", path.display()))?
+                    .trim()
+                    .to_owned(),
+            )),
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! Who may use ADS, and what each client is served.
+//!
+//! Every ADS call carries a bearer token (`authorization: Bearer TOKEN`), the same tokens the
+//! CA takes ([`TokenGrants`]). A token's line in the token file names what it may be over
+//! ADS, its [`XdsRole`], and so the node identity of its holder:
+//!
+//! | word | the holder is | its requests' `node.id` must be | it is served |
+//! |---|---|---|---|
+//! | `node=NAME` | the node proxy of node `NAME` | `NAME`, or an Istio proxy id `TYPE~IP~ID~DOMAIN` (ztunnel's) whose metadata `NODE_NAME` is `NAME` | `Address` only: every Service; the workloads on node `NAME`; and the workloads that are endpoints of some Service (those its workloads may reach through a Service) |
+//! | `gateway=NAME` | a gateway (meshkit's or Envoy) | `NAME` (`NAME*`: any id starting with `NAME`) | everything but Secrets, and the Secrets that some Ingress's `spec.tls` names (`namespace/secretName`) |
+//!
+//! | the call | status |
+//! |---|---|
+//! | no `authorization: Bearer` header | `UNAUTHENTICATED` |
+//! | a token not in the file | `UNAUTHENTICATED` |
+//! | a token without an xDS role (CA only) | `PERMISSION_DENIED` |
+//! | first request without a node | `INVALID_ARGUMENT` |
+//! | a request whose `node.id` is not the token's | `PERMISSION_DENIED` |
+//!
+//! Workloads of other nodes that no Service selects are never sent to a node proxy: nothing
+//! routes to them by name, and a node proxy needs no other node's workload list. Node proxies
+//! are sent no Secrets, Ingresses or Envoy resources at all. The views are computed once per
+//! snapshot and role and shared by all streams of that role.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use meshkit_ingress_model::Ingress;
+use meshkit_mesh::proto::{Address, address};
+use meshkit_mesh::resources::{ADDRESS_TYPE_URL, INGRESS_TYPE_URL};
+use meshkit_xds_client::SECRET_TYPE_URL;
+use meshkit_xds_server::envoy_types::pb::envoy::config::core::v3::Node;
+use meshkit_xds_server::{AccessPolicy, Snapshot, StreamAccess, TypeSnapshot};
+use prost::Message;
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+
+use crate::ca::TokenGrants;
+
+/// What a token may be over ADS.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum XdsRole {
+    /// The node proxy of the named node.
+    Node(String),
+    /// A gateway whose xDS node id is the name.
+    Gateway(String),
+}
+
+/// The [`AccessPolicy`] of the control plane's ADS server: tokens from [`TokenGrants`],
+/// views per [`XdsRole`].
+#[derive(Clone)]
+pub struct TokenAccess {
+    grants: Arc<TokenGrants>,
+    views: Arc<Mutex<Views>>,
+}
+
+/// The views of the current snapshot, per role.
+#[derive(Default)]
+struct Views {
+    source: Option<Arc<Snapshot>>,
+    by_role: HashMap<XdsRole, Arc<Snapshot>>,
+}
+
+/// One stream's access.
+struct ClientAccess {
+    role: XdsRole,
+    views: Arc<Mutex<Views>>,
+}
+
+// === impl XdsRole ===
+
+impl XdsRole {
+    /// The name in the token file: the `node.id` its requests must carry (a name ending in
+    /// `*` accepts every node id with that prefix).
+    pub fn node_id(&self) -> &str {
+        match self {
+            Self::Node(name) | Self::Gateway(name) => name,
+        }
+    }
+
+    /// Whether a request may carry `node_id`.
+    pub fn accepts_node_id(&self, node_id: &str) -> bool {
+        match self.node_id().strip_suffix('*') {
+            Some(prefix) => node_id.starts_with(prefix),
+            None => node_id == self.node_id(),
+        }
+    }
+
+    /// A token file word: `Some` for `node=NAME` or `gateway=NAME`, `None` for any word
+    /// without `=` (an identity).
+    ///
+    /// # Errors
+    ///
+    /// An unknown role or an empty name.
+    pub fn parse_word(word: &str) -> Result<Option<Self>, String> {
+        let Some((kind, name)) = word.split_once('=') else {
+            return Ok(None);
+        };
+        if name.is_empty() {
+            return Err(format!("{word:?}: empty name"));
+        }
+        match kind {
+            "node" => Ok(Some(Self::Node(name.to_owned()))),
+            "gateway" => Ok(Some(Self::Gateway(name.to_owned()))),
+            _ => Err(format!(
+                "{word:?}: unknown xDS role (expected node=NAME or gateway=NAME)"
+            )),
+        }
+    }
+
+    /// The part of `snapshot` this role is served (see the module table).
+    pub fn view(&self, snapshot: &Snapshot) -> Snapshot {
+        match self {
+            Self::Node(node) => node_view(snapshot, node),
+            Self::Gateway(_) => gateway_view(snapshot),
+        }
+    }
+}
+
+fn node_view(snapshot: &Snapshot, node: &str) -> Snapshot {
+    let Some(addresses) = snapshot.get_type(ADDRESS_TYPE_URL) else {
+        return Snapshot::new();
+    };
+    let kept = addresses.filtered(|_, r| match Address::decode(r.resource.value.as_slice()) {
+        Ok(Address {
+            r#type: Some(address::Type::Service(_)),
+        }) => true,
+        Ok(Address {
+            r#type: Some(address::Type::Workload(w)),
+        }) => w.node == node || !w.services.is_empty(),
+        _ => false,
+    });
+    Snapshot::new().with_type(ADDRESS_TYPE_URL, kept)
+}
+
+fn gateway_view(snapshot: &Snapshot) -> Snapshot {
+    let mut referenced = BTreeSet::new();
+    if let Some(ingresses) = snapshot.get_type(INGRESS_TYPE_URL) {
+        for r in ingresses.resources().values() {
+            let Ok(ingress) = Ingress::decode(r.resource.value.as_slice()) else {
+                continue;
+            };
+            let namespace = ingress
+                .metadata
+                .as_ref()
+                .and_then(|m| m.namespace.clone())
+                .unwrap_or_else(|| "default".to_owned());
+            for tls in ingress.spec.iter().flat_map(|s| s.tls.iter()) {
+                if let Some(secret) = &tls.secret_name {
+                    referenced.insert(format!("{namespace}/{secret}"));
+                }
+            }
+        }
+    }
+    let mut view = Snapshot::new();
+    for url in snapshot.type_urls() {
+        let Some(ts) = snapshot.get_type(url) else {
+            continue;
+        };
+        let ts: TypeSnapshot = if url == SECRET_TYPE_URL {
+            ts.filtered(|name, _| referenced.contains(name))
+        } else {
+            ts.clone()
+        };
+        view = view.with_type(url, ts);
+    }
+    view
+}
+
+// === impl TokenAccess ===
+
+impl TokenAccess {
+    /// Authenticates with `grants`.
+    pub fn new(grants: TokenGrants) -> Self {
+        Self {
+            grants: Arc::new(grants),
+            views: Arc::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for TokenAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenAccess")
+            .field("grants", &self.grants)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The bearer token of a call, or `UNAUTHENTICATED`.
+pub(crate) fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
+    metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| Status::unauthenticated("a bearer token is required"))
+}
+
+impl AccessPolicy for TokenAccess {
+    fn open(&self, metadata: &MetadataMap) -> Result<Box<dyn StreamAccess>, Status> {
+        let token = bearer(metadata)?;
+        match self.grants.xds_role(token) {
+            Some(role) => Ok(Box::new(ClientAccess {
+                role: role.clone(),
+                views: Arc::clone(&self.views),
+            })),
+            None if self.grants.knows(token) => Err(Status::permission_denied(
+                "this token may not use xDS (it has no node= or gateway= role)",
+            )),
+            None => Err(Status::unauthenticated("unknown token")),
+        }
+    }
+}
+
+/// The `NODE_NAME` string of a node's metadata, as Istio's proxies send it.
+fn node_name_metadata(node: &Node) -> Option<&str> {
+    use meshkit_xds_server::envoy_types::pb::google::protobuf::value::Kind;
+    match node
+        .metadata
+        .as_ref()?
+        .fields
+        .get("NODE_NAME")?
+        .kind
+        .as_ref()?
+    {
+        Kind::StringValue(s) => Some(s),
+        _ => None,
+    }
+}
+
+// === impl ClientAccess ===
+
+impl StreamAccess for ClientAccess {
+    fn check_node(&mut self, node: &Node) -> Result<(), Status> {
+        if self.role.accepts_node_id(&node.id) {
+            return Ok(());
+        }
+        // ztunnel's id is `ztunnel~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN`; its node is the
+        // NODE_NAME of its metadata.
+        if let XdsRole::Node(name) = &self.role
+            && node.id.split('~').count() == 4
+            && node_name_metadata(node) == Some(name.as_str())
+        {
+            return Ok(());
+        }
+        Err(Status::permission_denied(format!(
+            "node {:?} is not the node this token belongs to",
+            node.id
+        )))
+    }
+
+    fn view(&mut self, snapshot: &Arc<Snapshot>) -> Arc<Snapshot> {
+        let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        if !views
+            .source
+            .as_ref()
+            .is_some_and(|s| Arc::ptr_eq(s, snapshot))
+        {
+            views.source = Some(Arc::clone(snapshot));
+            views.by_role.clear();
+        }
+        let role = self.role.clone();
+        Arc::clone(
+            views
+                .by_role
+                .entry(role)
+                .or_insert_with(|| Arc::new(self.role.view(snapshot))),
+        )
+    }
+}

@@ -1,0 +1,185 @@
+//! Issue 12, item 15 for the CA: CSR and message sizes, calls in progress, the call timeout and
+//! connections are bounded ([`CaLimits`]); past each the caller gets the documented status
+//! while honest callers keep getting certificates.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use meshkit_control_plane::ca::{self, CaLimits, TokenGrants, TokenSigner};
+use meshkit_identity::istio::{IstioCaClient, IstioCertificateRequest, IstioCertificateResponse};
+use meshkit_identity::{
+    CaClient, CaError, CaSigner, CertificateRequest, SpiffeId, TrustDomain, generate_csr,
+    request_svid,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::{Channel, Endpoint};
+
+const TOKEN: &str = "tok-123";
+
+fn web() -> SpiffeId {
+    "spiffe://cluster.local/ns/shop/sa/web".parse().unwrap()
+}
+
+/// The CA on 127.0.0.1:0 with `limits`, as the control plane serves it (plaintext).
+async fn start(limits: CaLimits) -> SocketAddr {
+    let td = TrustDomain::new("cluster.local").unwrap();
+    let grants = TokenGrants::new()
+        .grant(TOKEN, "spiffe://cluster.local/ns/shop/*")
+        .unwrap();
+    let signer = TokenSigner::new(CaSigner::generate(td).unwrap(), grants);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let incoming =
+            ca::limit_connections(TcpListenerStream::new(listener), limits.max_connections);
+        limits
+            .server()
+            .add_service(limits.service(signer))
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+async fn channel(addr: SocketAddr) -> Channel {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap()
+}
+
+fn client(ch: Channel) -> IstioCaClient {
+    IstioCaClient::new(ch)
+        .with_timeout(Duration::from_secs(10))
+        .with_bearer_token(TOKEN)
+        .unwrap()
+}
+
+/// An honest caller gets a certificate.
+async fn honest(ch: Channel) {
+    let svid = request_svid(&client(ch), &web(), Duration::from_secs(3600))
+        .await
+        .expect("a certificate");
+    assert_eq!(svid.spiffe_id(), &web());
+}
+
+async fn sign_raw(ch: Channel, csr_pem: String) -> CaError {
+    client(ch)
+        .sign(&CertificateRequest {
+            id: web(),
+            csr_pem,
+            validity: Duration::from_secs(3600),
+        })
+        .await
+        .expect_err("refused")
+}
+
+#[tokio::test]
+async fn an_oversized_csr_is_invalid_argument_and_an_oversized_request_out_of_range() {
+    let addr = start(CaLimits::default()).await;
+    let ch = channel(addr).await;
+    // Over the CSR limit (16 KiB) but within the message limit (64 KiB).
+    let (csr, _) = generate_csr(&web()).unwrap();
+    let padded = format!("{csr}{}", "\n".repeat(20 * 1024));
+    let err = sign_raw(ch.clone(), padded).await;
+    let text = err.to_string();
+    assert!(
+        matches!(err, CaError::Rejected(_))
+            && text.contains("InvalidArgument")
+            && text.contains("limit"),
+        "{text}"
+    );
+    // Over the message limit: refused before decoding.
+    let err = sign_raw(ch.clone(), "x".repeat(100 * 1024)).await;
+    assert!(err.to_string().contains("OutOfRange"), "{err}");
+    honest(ch).await;
+}
+
+/// Opens a call whose request never arrives: it holds its place until the call times out or
+/// `tx` is dropped.
+async fn hold(
+    ch: Channel,
+) -> (
+    mpsc::Sender<IstioCertificateRequest>,
+    tokio::task::JoinHandle<Result<tonic::Response<IstioCertificateResponse>, tonic::Status>>,
+) {
+    let (tx, rx) = mpsc::channel(1);
+    let mut grpc = tonic::client::Grpc::new(ch);
+    let task = tokio::spawn(async move {
+        grpc.ready().await.unwrap();
+        let mut req = tonic::Request::new(ReceiverStream::new(rx));
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+        grpc.client_streaming(
+            req,
+            PathAndQuery::from_static("/istio.v1.auth.IstioCertificateService/CreateCertificate"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+    });
+    (tx, task)
+}
+
+#[tokio::test]
+async fn calls_beyond_max_concurrent_requests_are_resource_exhausted() {
+    let mut limits = CaLimits::default();
+    limits.max_concurrent_requests = 1;
+    let addr = start(limits).await;
+    let ch = channel(addr).await;
+    let (tx, held) = hold(ch.clone()).await;
+    // Wait until the held call has its place: an honest call is then refused.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        match request_svid(&client(ch.clone()), &web(), Duration::from_secs(3600)).await {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(tokio::time::Instant::now() < deadline, "never refused");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(err.to_string().contains("ResourceExhausted"), "{err}");
+    // Once the held call ends, honest calls are served again.
+    drop(tx);
+    let _ = held.await;
+    honest(ch).await;
+}
+
+#[tokio::test]
+async fn a_call_that_never_sends_its_request_times_out_and_frees_its_place() {
+    let mut limits = CaLimits::default();
+    limits.max_concurrent_requests = 1;
+    limits.request_timeout = Duration::from_millis(300);
+    let addr = start(limits).await;
+    let ch = channel(addr).await;
+    let (_tx, held) = hold(ch.clone()).await;
+    let status = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .expect("ended by the server")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Cancelled, "{status:?}");
+    honest(ch).await;
+}
+
+#[tokio::test]
+async fn a_connection_beyond_max_connections_is_closed_and_the_open_one_carries_on() {
+    let mut limits = CaLimits::default();
+    limits.max_connections = 1;
+    let addr = start(limits).await;
+    let first = channel(addr).await;
+    honest(first.clone()).await;
+    let second = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let err = request_svid(&client(second), &web(), Duration::from_secs(3600))
+        .await
+        .expect_err("a second connection was served");
+    assert!(matches!(err, CaError::Unavailable(_)), "{err}");
+    honest(first).await;
+}

@@ -1,0 +1,256 @@
+//! One client connection: the HTTP version told within a bound, hyper serving it under the
+//! gateway's limits, and the connection closed once it stays without a request in flight.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
+
+use crate::GatewaySettings;
+use crate::proxy::Body;
+use crate::stack::{self, Stack};
+
+/// What an HTTP/2 client sends first (RFC 9113, 3.4); anything else is HTTP/1.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How long a connection closed for idleness may take to finish (its GOAWAY, a last
+/// flush) before it is dropped: a peer that does not read cannot hold it.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The HTTP/1 read buffer is at most this large, or the largest head if that is more.
+const HTTP1_MAX_BUFFER: usize = 64 * 1024;
+
+/// Serves one client connection (TLS already terminated) until it ends, the client
+/// breaks a bound, or it stays idle for `settings.idle_timeout`.
+pub(crate) async fn serve<IO>(
+    settings: &GatewaySettings,
+    stack: Stack,
+    mut io: IO,
+    client: stack::Client,
+) where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let mut preface = [0u8; 24];
+    let sniffed = match tokio::time::timeout(settings.sniff_timeout, sniff(&mut io, &mut preface))
+        .await
+    {
+        Ok(Ok(0)) => return,
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => {
+            tracing::debug!(client = %client.addr, error = %e, "client connection failed before a request");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(client = %client.addr, "client sent no request in time; closed");
+            return;
+        }
+    };
+    let h2 = sniffed == H2_PREFACE.len() && preface == *H2_PREFACE;
+    let io = TokioIo::new(Prefixed {
+        prefix: preface,
+        start: 0,
+        end: sniffed,
+        io,
+    });
+
+    let (in_flight, idle) = watch::channel(0usize);
+    let in_flight = Arc::new(in_flight);
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(client);
+        let guard = InFlight::new(in_flight.clone());
+        let answer = tower::ServiceExt::oneshot(stack.clone(), req);
+        async move {
+            let resp = answer.await?;
+            Ok::<_, Infallible>(resp.map(|body| Tracked {
+                body,
+                _in_flight: guard,
+            }))
+        }
+    });
+
+    let result = if h2 {
+        let mut builder = http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .keep_alive_interval(settings.http2_keepalive_interval)
+            .keep_alive_timeout(settings.http2_keepalive_timeout)
+            .max_concurrent_streams(settings.http2_max_concurrent_streams)
+            .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+        let conn = builder.serve_connection(io, service);
+        until_idle(conn, |c| c.graceful_shutdown(), idle, settings.idle_timeout).await
+    } else {
+        let mut builder = http1::Builder::new();
+        // A client that does not finish its request head in time is dropped (slowloris).
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(settings.header_read_timeout)
+            .max_header_size(settings.max_header_bytes)
+            .max_buf_size(settings.max_header_bytes.max(HTTP1_MAX_BUFFER));
+        let conn = builder.serve_connection(io, service);
+        until_idle(conn, |c| c.graceful_shutdown(), idle, settings.idle_timeout).await
+    };
+    if let Err(e) = result {
+        tracing::debug!(client = %client.addr, error = %e, "client connection ended with an error");
+    }
+}
+
+/// Reads until the bytes so far stop matching the HTTP/2 preface or match all of it; the
+/// number read (0: the peer closed without sending anything).
+async fn sniff<IO: AsyncRead + Unpin>(io: &mut IO, buf: &mut [u8; 24]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() && buf[..n] == H2_PREFACE[..n] {
+        let read = io.read(&mut buf[n..]).await?;
+        if read == 0 {
+            break;
+        }
+        n += read;
+    }
+    Ok(n)
+}
+
+/// Runs `conn` until it ends; once it has had no request in flight for `timeout`, shuts it
+/// down with `shutdown` and gives it [`SHUTDOWN_GRACE`] to finish.
+async fn until_idle<C, E>(
+    conn: C,
+    shutdown: impl FnOnce(Pin<&mut C>),
+    mut in_flight: watch::Receiver<usize>,
+    timeout: Duration,
+) -> Result<(), E>
+where
+    C: Future<Output = Result<(), E>>,
+{
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        result = conn.as_mut() => return result,
+        () = idle_for(&mut in_flight, timeout) => {}
+    }
+    tracing::debug!("client connection idle; closing");
+    shutdown(conn.as_mut());
+    tokio::time::timeout(SHUTDOWN_GRACE, conn)
+        .await
+        .unwrap_or(Ok(()))
+}
+
+/// Returns once no request has been in flight for `timeout`.
+async fn idle_for(in_flight: &mut watch::Receiver<usize>, timeout: Duration) {
+    loop {
+        // The sender lives in the connection's service, as long as the connection.
+        if in_flight.wait_for(|n| *n == 0).await.is_err() {
+            return std::future::pending().await;
+        }
+        if tokio::time::timeout(timeout, in_flight.wait_for(|n| *n > 0))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Counts one request in flight on its connection, from its head until its answer's body
+/// has been sent (or dropped).
+struct InFlight(Arc<watch::Sender<usize>>);
+
+impl InFlight {
+    fn new(count: Arc<watch::Sender<usize>>) -> Self {
+        count.send_modify(|n| *n += 1);
+        Self(count)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// An answer's body that keeps its request counted as in flight.
+struct Tracked {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The connection, with the bytes the sniff read put back in front.
+struct Prefixed<IO> {
+    prefix: [u8; 24],
+    start: usize,
+    end: usize,
+    io: IO,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Prefixed<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.start < this.end {
+            let n = buf.remaining().min(this.end - this.start);
+            buf.put_slice(&this.prefix[this.start..this.start + n]);
+            this.start += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,295 @@
+//! The gateway's bounds on what one client can hold (issue 12, items 4 and 16): the protocol
+//! sniff, HTTP/1 heads (plain and after TLS), request bodies (size and time, apart from the
+//! response timeout), the connection cap, HTTP/2 idleness and keepalive, and the forwarding
+//! and backend headers a client may set or see.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use meshkit_gateway::{BACKEND_IDENTITY, BACKEND_WORKLOAD};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SECOND: Duration = Duration::from_secs(1);
+const TRICKLE: &[u8] = b"GET / HTTP/1.1\r\nHost: shop.example.com\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_after_the_sniff_timeout() {
+    let h = start(|s| s.with_sniff_timeout(SECOND)).await;
+    let sock = TcpStream::connect(h.http).await.expect("connect");
+    assert!(
+        closed_within(sock, b"", SECOND, 4 * SECOND).await,
+        "a connection that sends nothing stays open"
+    );
+    // After TLS too: a client that completes the handshake and goes silent.
+    let tls = tls_connect(&h, &[b"h2"]).await;
+    assert!(
+        closed_within(tls, b"", SECOND, 4 * SECOND).await,
+        "a TLS connection that sends nothing stays open"
+    );
+    honest(h.http).await;
+}
+
+#[tokio::test]
+async fn a_head_trickled_byte_by_byte_is_cut_off() {
+    let h = start(|s| s.with_header_read_timeout(SECOND)).await;
+    let sock = TcpStream::connect(h.http).await.expect("connect");
+    assert!(
+        closed_within(sock, TRICKLE, Duration::from_millis(50), 4 * SECOND).await,
+        "slowloris over plain HTTP/1 keeps its connection"
+    );
+    let tls = tls_connect(&h, &[b"http/1.1"]).await;
+    assert!(
+        closed_within(tls, TRICKLE, Duration::from_millis(50), 4 * SECOND).await,
+        "slowloris over HTTP/1 after TLS keeps its connection"
+    );
+    honest(h.http).await;
+}
+
+/// `POST /` for HOST with a declared length, its body written by the caller.
+async fn post_head(addr: std::net::SocketAddr, length: usize) -> TcpStream {
+    let mut sock = TcpStream::connect(addr).await.expect("connect");
+    let head = format!("POST / HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {length}\r\n\r\n");
+    sock.write_all(head.as_bytes()).await.expect("head");
+    sock
+}
+
+/// Reads an HTTP/1 answer's status line (up to `within`).
+async fn status_line(sock: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut buf = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(2).any(|w| w == b"\r\n") {
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(within, read).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    text.lines().next().map(str::to_owned)
+}
+
+#[tokio::test]
+async fn a_slow_upload_gets_408() {
+    let h = start(|s| s.with_request_body_timeout(SECOND)).await;
+    let mut sock = post_head(h.http, 1000).await;
+    let (mut r, mut w) = sock.split();
+    let trickle = async {
+        for _ in 0..100 {
+            if w.write_all(b"0123456789").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        std::future::pending::<()>().await;
+    };
+    let mut buf = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(2).any(|w| w == b"\r\n") {
+            match r.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::select! {
+        () = trickle => {}
+        _ = tokio::time::timeout(5 * SECOND, read) => {}
+    }
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 408"), "answer: {text:?}");
+    honest(h.http).await;
+}
+
+#[tokio::test]
+async fn the_response_timeout_starts_after_the_upload() {
+    // An upload of 1.5 s, longer than the response timeout, within the body timeout.
+    let h = start(|s| {
+        s.with_response_timeout(Duration::from_millis(500))
+            .with_request_body_timeout(10 * SECOND)
+    })
+    .await;
+    let mut sock = post_head(h.http, 10).await;
+    for b in b"0123456789" {
+        sock.write_all(&[*b]).await.expect("body");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let line = status_line(&mut sock, 5 * SECOND).await;
+    assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
+}
+
+#[tokio::test]
+async fn a_backend_that_reads_no_body_and_never_answers_gets_504() {
+    // More body than the sockets and the tunnel's windows hold, so the upload stalls on the
+    // backend, not the client: the body's deadline plus the response timeout, then 504.
+    let h = start(|s| {
+        s.with_max_request_body_bytes(64 << 20)
+            .with_request_body_timeout(SECOND)
+            .with_response_timeout(Duration::from_millis(500))
+    })
+    .await;
+    let length = 48 << 20;
+    let mut sock = TcpStream::connect(h.http).await.expect("connect");
+    let head = format!("POST /stall HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {length}\r\n\r\n");
+    sock.write_all(head.as_bytes()).await.expect("head");
+    let (mut r, mut w) = sock.split();
+    let upload = async {
+        let chunk = vec![b'a'; 1 << 20];
+        for _ in 0..48 {
+            if w.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        std::future::pending::<()>().await;
+    };
+    let mut buf = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(2).any(|w| w == b"\r\n") {
+            match r.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::select! {
+        () = upload => {}
+        _ = tokio::time::timeout(6 * SECOND, read) => {}
+    }
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 504"), "answer: {text:?}");
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_gets_413() {
+    let h = start(|s| s.with_max_request_body_bytes(1000)).await;
+    // Declared: refused before anything is forwarded.
+    let req = http::Request::post("/")
+        .header("host", HOST)
+        .body(Full::new(Bytes::from(vec![b'a'; 2000])))
+        .expect("request");
+    let answer = request(h.http, req).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    // Chunked: cut off once it grows past the limit.
+    let mut sock = TcpStream::connect(h.http).await.expect("connect");
+    let mut req = format!("POST / HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .into_bytes();
+    for _ in 0..4 {
+        req.extend_from_slice(b"1f4\r\n");
+        req.extend_from_slice(&[b'a'; 500]);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    sock.write_all(&req).await.expect("request");
+    let line = status_line(&mut sock, 5 * SECOND).await;
+    assert_eq!(line.as_deref(), Some("HTTP/1.1 413 Payload Too Large"));
+    // Within the limit: forwarded.
+    let req = http::Request::post("/")
+        .header("host", HOST)
+        .body(Full::new(Bytes::from(vec![b'a'; 1000])))
+        .expect("request");
+    let answer = request(h.http, req).await;
+    assert_eq!((answer.status, answer.body.as_str()), (200, "got 1000"));
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_closed_at_once() {
+    let h = start(|s| s.with_max_connections(2)).await;
+    let first = TcpStream::connect(h.http).await.expect("connect");
+    let second = TcpStream::connect(h.http).await.expect("connect");
+    // Let the gateway accept both.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let third = TcpStream::connect(h.http).await.expect("connect");
+    assert!(
+        closed_within(third, b"", SECOND, 2 * SECOND).await,
+        "a connection beyond the cap stays open"
+    );
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    honest(h.http).await;
+    drop(second);
+}
+
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed() {
+    let h = start(|s| s.with_idle_timeout(Duration::from_millis(500))).await;
+    let sock = TcpStream::connect(h.http).await.expect("connect");
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(sock),
+    )
+    .await
+    .expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let req = http::Request::get(format!("http://{HOST}/"))
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = send.send_request(req).await.expect("answer");
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    let ended = tokio::time::timeout(4 * SECOND, conn).await;
+    assert!(ended.is_ok(), "an idle HTTP/2 connection stays open");
+}
+
+#[tokio::test]
+async fn an_http2_client_that_does_not_answer_pings_is_closed() {
+    let h = start(|s| {
+        s.with_http2_keepalive(Some(Duration::from_millis(300)), Duration::from_millis(300))
+    })
+    .await;
+    let mut sock = TcpStream::connect(h.http).await.expect("connect");
+    sock.write_all(&h2_preface()).await.expect("preface");
+    // Reads (and ignores) every frame, PINGs included.
+    assert!(
+        closed_within(sock, b"", SECOND, 4 * SECOND).await,
+        "a client that answers no PING stays connected"
+    );
+}
+
+#[tokio::test]
+async fn forwarding_headers_are_kept_only_from_trusted_proxies() {
+    let spoofed = [
+        ("x-forwarded-for", "203.0.113.9"),
+        ("forwarded", "for=203.0.113.9"),
+    ];
+    let h = start(|s| s).await;
+    let answer = request(h.http, get(&spoofed)).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.headers["x-seen-xff"], "127.0.0.1");
+    let forwarded = answer.headers["x-seen-forwarded"].to_str().expect("ascii");
+    assert!(!forwarded.contains("203.0.113.9"), "{forwarded}");
+    assert!(forwarded.starts_with("for=127.0.0.1;"), "{forwarded}");
+
+    let h = start(|s| s.with_trusted_proxies(["127.0.0.0/8".parse().expect("cidr")])).await;
+    let answer = request(h.http, get(&spoofed)).await;
+    assert_eq!(answer.headers["x-seen-xff"], "203.0.113.9, 127.0.0.1");
+    let forwarded = answer.headers["x-seen-forwarded"].to_str().expect("ascii");
+    assert!(
+        forwarded.starts_with("for=203.0.113.9, for=127.0.0.1;"),
+        "{forwarded}"
+    );
+}
+
+#[tokio::test]
+async fn backend_headers_are_sent_only_when_asked() {
+    let h = start(|s| s).await;
+    let answer = request(h.http, get(&[])).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(!answer.headers.contains_key(BACKEND_WORKLOAD), "{answer:?}");
+    assert!(!answer.headers.contains_key(BACKEND_IDENTITY), "{answer:?}");
+
+    let h = start(|s| s.with_backend_headers(true)).await;
+    let answer = request(h.http, get(&[])).await;
+    assert_eq!(answer.headers[BACKEND_WORKLOAD], "web-1");
+    assert_eq!(
+        answer.headers[BACKEND_IDENTITY],
+        "spiffe://cluster.local/ns/shop/sa/web"
+    );
+}

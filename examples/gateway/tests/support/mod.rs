@@ -1,0 +1,418 @@
+//! A gateway on loopback in front of one backend: an HTTP/1.1 app behind an HBONE server,
+//! and clients that misbehave on purpose.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
+use meshkit_hbone::{Client, ClientConfig, Forward, Server, ServerConfig};
+use meshkit_identity::test_util::TestCa;
+use meshkit_identity::{
+    Authorize, SingleIdentity, SpiffeId, SpiffeVerifier, TlsSettings, TrustDomain,
+};
+use meshkit_mesh::{MeshConfig, MeshService, ServicePort, Workload};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// The routed host.
+pub const HOST: &str = "shop.example.com";
+
+const INGRESS: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: shop, namespace: shop}
+spec:
+  tls:
+  - hosts: ["shop.example.com"]
+    secretName: shop-tls
+  rules:
+  - host: shop.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+"#;
+
+/// A running gateway and its backend.
+pub struct Harness {
+    /// The plain HTTP listener.
+    pub http: SocketAddr,
+    /// The HTTPS listener (certificate for [`HOST`]).
+    pub https: SocketAddr,
+    /// Roots that trust the HTTPS listener's certificate.
+    pub roots: Arc<rustls::RootCertStore>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn id(s: &str) -> SpiffeId {
+    s.parse().expect("spiffe id")
+}
+
+/// Starts the backend app, an HBONE server in front of it, and a gateway with the settings
+/// `tune` makes of the defaults (the HBONE port already set).
+pub async fn start(tune: impl FnOnce(GatewaySettings) -> GatewaySettings) -> Harness {
+    let td = TrustDomain::new("cluster.local").expect("td");
+    let ca = TestCa::new(td.clone());
+    let gateway_id = id("spiffe://cluster.local/ns/istio-system/sa/ingress-gateway");
+    let web_id = id("spiffe://cluster.local/ns/shop/sa/web");
+    let mut tasks = Vec::new();
+
+    let app = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
+    let app_port = app.local_addr().expect("addr").port();
+    tasks.push(tokio::spawn(serve_app(app)));
+
+    let tls = TlsSettings::default()
+        .server_config(
+            ca.issue(web_id.clone()),
+            SpiffeVerifier::new(ca.bundle_set(), Authorize::AnyTrusted),
+        )
+        .expect("hbone tls");
+    let hbone = TcpListener::bind("127.0.0.1:0").await.expect("bind hbone");
+    let hbone_port = hbone.local_addr().expect("addr").port();
+    let server = Server::new(
+        ServerConfig::default(),
+        SingleIdentity::new(tls),
+        Forward::new(),
+    );
+    tasks.push(tokio::spawn(async move {
+        let _ = server.serve(hbone).await;
+    }));
+
+    let cert = rcgen::generate_simple_self_signed(vec![HOST.to_owned()]).expect("cert");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).expect("root");
+    let config = GatewayConfig {
+        ingresses: meshkit_ingress_model::manifest::from_yaml_str(INGRESS).expect("ingress"),
+        secrets: vec![TlsCertificate {
+            namespace: "shop".into(),
+            name: "shop-tls".into(),
+            cert_pem: cert.cert.pem(),
+            key_pem: cert.signing_key.serialize_pem(),
+        }],
+        mesh: MeshConfig {
+            workloads: vec![Workload {
+                name: "web-1".into(),
+                namespace: "shop".into(),
+                service_account: "web".into(),
+                ip: "127.0.0.1".parse().expect("ip"),
+                node: "node".into(),
+                ports: vec![app_port].into(),
+            }],
+            services: vec![MeshService {
+                name: "web".into(),
+                namespace: "shop".into(),
+                hostname: "web.shop.svc.cluster.local".into(),
+                vip: None,
+                ports: vec![ServicePort {
+                    name: Some("http".into()),
+                    port: 80,
+                    target_port: app_port,
+                }],
+                endpoints: vec!["127.0.0.1".parse().expect("ip")],
+            }],
+        },
+        ..GatewayConfig::default()
+    };
+    let (config_tx, config_rx) = tokio::sync::watch::channel(config);
+    let client = Client::new(
+        ClientConfig::default(),
+        ca.issue(gateway_id.clone()),
+        ca.bundle_set(),
+    );
+    let settings = tune(GatewaySettings::new(gateway_id).with_hbone_port(hbone_port));
+    let gateway = Gateway::new(settings, client, config_rx);
+    let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
+    let https = TcpListener::bind("127.0.0.1:0").await.expect("bind https");
+    let (http_addr, https_addr) = (
+        http.local_addr().expect("addr"),
+        https.local_addr().expect("addr"),
+    );
+    let serve_http = gateway.clone().serve_http(http);
+    tasks.push(tokio::spawn(async move {
+        let _keep = config_tx;
+        let _ = serve_http.await;
+    }));
+    let serve_https = gateway.serve_https(https);
+    tasks.push(tokio::spawn(async move {
+        let _ = serve_https.await;
+    }));
+    Harness {
+        http: http_addr,
+        https: https_addr,
+        roots: Arc::new(roots),
+        tasks,
+    }
+}
+
+/// The backend: reads the whole body and answers `got N` with the forwarding headers it saw
+/// (`x-seen-xff`, `x-seen-forwarded`). `/big` answers 4 MiB.
+async fn serve_app(listener: TcpListener) {
+    loop {
+        let Ok((sock, _)) = listener.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
+                let xff = req.headers().get("x-forwarded-for").cloned();
+                let forwarded = req.headers().get("forwarded").cloned();
+                let big = req.uri().path() == "/big";
+                if req.uri().path() == "/stall" {
+                    // Reads nothing and never answers.
+                    std::future::pending::<()>().await;
+                }
+                let body = req.into_body().collect().await?.to_bytes();
+                let answer = if big {
+                    AppBody {
+                        first: None,
+                        chunks_left: (4 << 20) / CHUNK.len(),
+                    }
+                } else {
+                    AppBody {
+                        first: Some(Bytes::from(format!("got {}", body.len()))),
+                        chunks_left: 0,
+                    }
+                };
+                let mut resp = hyper::Response::new(answer);
+                if let Some(v) = xff {
+                    resp.headers_mut().insert("x-seen-xff", v);
+                }
+                if let Some(v) = forwarded {
+                    resp.headers_mut().insert("x-seen-forwarded", v);
+                }
+                Ok::<_, hyper::Error>(resp)
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(sock), service)
+                .await;
+        });
+    }
+}
+
+/// One chunk of the app's big answer, shared by all of them (the app holds no answer in
+/// memory, so the memory the hostile tests see is the gateway's).
+static CHUNK: [u8; 64 * 1024] = [b'x'; 64 * 1024];
+
+/// The app's answer: a short text, or `chunks_left` times [`CHUNK`], made as it is sent.
+struct AppBody {
+    first: Option<Bytes>,
+    chunks_left: usize,
+}
+
+impl hyper::body::Body for AppBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let data = match this.first.take() {
+            Some(first) => first,
+            None if this.chunks_left > 0 => {
+                this.chunks_left -= 1;
+                Bytes::from_static(&CHUNK)
+            }
+            None => return std::task::Poll::Ready(None),
+        };
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
+    }
+}
+
+/// An answer as a client sees it.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: String,
+}
+
+/// One HTTP/1.1 request on a new connection to `addr`.
+pub async fn request(addr: SocketAddr, req: http::Request<Full<Bytes>>) -> Answer {
+    let sock = TcpStream::connect(addr).await.expect("connect");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(sock))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let resp = send.send_request(req).await.expect("answer");
+    into_answer(resp).await
+}
+
+async fn into_answer(resp: hyper::Response<Incoming>) -> Answer {
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    Answer {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+/// `GET /` for [`HOST`] with `headers`.
+pub fn get(headers: &[(&str, &str)]) -> http::Request<Full<Bytes>> {
+    let mut req = http::Request::get("/").header("host", HOST);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.body(Full::new(Bytes::new())).expect("request")
+}
+
+/// An honest `GET /` through the gateway's plain listener, answered by the backend.
+pub async fn honest(addr: SocketAddr) {
+    let answer = tokio::time::timeout(Duration::from_secs(10), request(addr, get(&[])))
+        .await
+        .expect("honest request answered in time");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.body, "got 0");
+}
+
+/// An honest `GET /` over HTTP/2 with TLS, answered by the backend.
+pub async fn honest_tls_h2(h: &Harness) {
+    let tls = tls_connect(h, &[b"h2"]).await;
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::get(format!("https://{HOST}/"))
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .expect("in time")
+        .expect("answer");
+    let answer = into_answer(resp).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+}
+
+/// A TLS connection to the HTTPS listener for [`HOST`], offering `alpn`.
+pub async fn tls_connect(
+    h: &Harness,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(meshkit_identity::default_provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(h.roots.clone())
+            .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let sock = TcpStream::connect(h.https).await.expect("connect");
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(HOST.try_into().expect("name"), sock)
+        .await
+        .expect("tls handshake")
+}
+
+/// Whether the gateway closes `io` within `within`, reading (and dropping) what it sends
+/// meanwhile; writes `trickle`, one byte every `every`, while it waits.
+pub async fn closed_within<IO>(io: IO, trickle: &[u8], every: Duration, within: Duration) -> bool
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut r, mut w) = tokio::io::split(io);
+    let deadline = Instant::now() + within;
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    let write = async {
+        for b in trickle.iter().cycle() {
+            if w.write_all(&[*b]).await.is_err() || w.flush().await.is_err() {
+                // Written into a closed connection: wait for the read side to see it.
+                return std::future::pending().await;
+            }
+            tokio::time::sleep(every).await;
+        }
+        std::future::pending().await
+    };
+    tokio::select! {
+        () = read => true,
+        () = write => false,
+        () = tokio::time::sleep_until(deadline.into()) => false,
+    }
+}
+
+/// The resident set of this process, in KiB (`VmRSS` in `/proc/self/status`).
+pub fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+// === HTTP/2 frames, written by hand ===
+
+/// The client preface and an empty SETTINGS frame.
+pub fn h2_preface() -> Vec<u8> {
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out
+}
+
+/// A frame: type, flags, stream, payload.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("frame length");
+    let mut out = Vec::with_capacity(9 + payload.len());
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.push(kind);
+    out.push(flags);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// An HPACK block for `GET https://HOST/` (static-table indices, literal authority).
+pub fn get_block() -> Vec<u8> {
+    // :method GET (2), :scheme https (7), :path / (4), :authority literal (name index 1).
+    let mut block = vec![
+        0x82,
+        0x87,
+        0x84,
+        0x01,
+        u8::try_from(HOST.len()).expect("len"),
+    ];
+    block.extend_from_slice(HOST.as_bytes());
+    block
+}
+
+/// HPACK literal headers `x-a: aaa...` (126-byte values), about `bytes` of them.
+pub fn filler_block(bytes: usize) -> Vec<u8> {
+    let mut block = Vec::with_capacity(bytes + 131);
+    while block.len() < bytes {
+        block.extend_from_slice(&[0x00, 0x03, b'x', b'-', b'a', 0x7e]);
+        block.extend_from_slice(&[b'a'; 126]);
+    }
+    block
+}
+
+pub const END_STREAM: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const CONTINUATION: u8 = 0x9;
