@@ -28,6 +28,9 @@ struct State {
     streams: HashMap<u32, Account>,
     /// Tunnels waiting for budget.
     waiters: Vec<Waker>,
+    /// The connection has ended: nothing more is counted, claims succeed at once (h2 then
+    /// refuses the data with the connection's error).
+    closed: bool,
 }
 
 #[derive(Debug)]
@@ -54,6 +57,9 @@ impl SendBudget {
     /// woken, while the connection's budget is spent.
     pub(crate) fn poll_claim(&self, cx: &mut Context<'_>, stream: u32, want: usize) -> Poll<usize> {
         let mut state = self.lock();
+        if state.closed {
+            return Poll::Ready(want);
+        }
         let room = self.limit.saturating_sub(state.in_flight);
         if room == 0 {
             if !state.waiters.iter().any(|w| w.will_wake(cx.waker())) {
@@ -123,13 +129,27 @@ impl SendBudget {
     /// receiving half lives) or drops it at the reset it then sends.
     pub(crate) fn close(&self, stream: u32) {
         let mut state = self.lock();
+        let closed = state.closed;
         if let Some(account) = state.streams.get_mut(&stream) {
-            if account.unwritten == 0 {
+            if account.unwritten == 0 || closed {
                 state.streams.remove(&stream);
             } else {
                 account.open = false;
             }
         }
+    }
+
+    /// The connection has ended: every waiting tunnel is woken (its next send fails with the
+    /// connection's error), and nothing is counted any more.
+    pub(crate) fn shut_down(&self) {
+        let waiters = {
+            let mut state = self.lock();
+            state.closed = true;
+            state.in_flight = 0;
+            state.streams.clear();
+            std::mem::take(&mut state.waiters)
+        };
+        waiters.into_iter().for_each(Waker::wake);
     }
 
     /// Bytes claimed and not yet written.
@@ -175,6 +195,33 @@ mod tests {
         // Writes of unknown or forgotten streams change nothing.
         budget.written(7, 10);
         budget.written(5, 10);
+        assert_eq!(budget.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_end_of_the_connection_wakes_waiters_and_stops_counting() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::task::Wake;
+
+        struct Flag(AtomicBool);
+        impl Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let budget = SendBudget::new(10);
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(budget.poll_claim(&mut cx, 1, 10), Poll::Ready(10));
+        assert_eq!(budget.poll_claim(&mut cx, 3, 5), Poll::Pending);
+        budget.shut_down();
+        assert!(
+            flag.0.load(Ordering::SeqCst),
+            "a waiting tunnel was not woken"
+        );
+        assert_eq!(budget.poll_claim(&mut cx, 3, 5), Poll::Ready(5));
         assert_eq!(budget.in_flight(), 0);
     }
 }

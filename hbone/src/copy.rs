@@ -120,37 +120,62 @@ enum Failure {
 ///
 /// # Cancel safety
 ///
-/// Not cancel safe: dropping the future resets the tunnel (CANCEL) and closes the socket.
+/// Not cancel safe: dropping the future resets the tunnel (CANCEL) and the socket (RST).
 ///
 /// # Errors
 ///
 /// The first failure of either end, after the other end was reset; the other direction is
 /// abandoned.
-pub async fn copy_bidirectional(
-    tunnel: Tunnel,
-    mut socket: TcpStream,
-) -> Result<Copied, CopyError> {
+pub async fn copy_bidirectional(tunnel: Tunnel, socket: TcpStream) -> Result<Copied, CopyError> {
     let (mut recv, mut send) = tunnel.into_split();
+    // Reset unless both directions end cleanly: also when this future is dropped mid-copy
+    // (a policy revoked, the proxy shutting down), so the application never reads a FIN.
+    let mut socket = ResetOnDrop(Some(socket));
     let mut copied = Copied::default();
     let result = {
-        let (mut reader, mut writer) = socket.split();
+        let (mut reader, mut writer) = socket.stream().split();
         tokio::try_join!(
             pump_to_tunnel(&mut reader, &mut send, &mut copied.to_tunnel),
             pump_from_tunnel(&mut recv, &mut writer, &mut copied.from_tunnel),
         )
     };
     let (side, error) = match result {
-        Ok(_) => return Ok(copied),
+        Ok(_) => {
+            socket.close();
+            return Ok(copied);
+        }
         Err(Failure::Socket(error)) => (Side::Socket, error),
         Err(Failure::Tunnel(error)) => (Side::Tunnel, error),
     };
     send.reset(Reason::CONNECT_ERROR);
-    abort(&socket);
+    drop(socket);
     Err(CopyError {
         side,
         copied,
         error,
     })
+}
+
+/// A socket that is reset (RST) when dropped, unless [`ResetOnDrop::close`] closed it.
+struct ResetOnDrop(Option<TcpStream>);
+
+impl ResetOnDrop {
+    fn stream(&mut self) -> &mut TcpStream {
+        self.0.as_mut().expect("the socket is only taken by close")
+    }
+
+    /// Closes the socket normally: both directions have ended with FINs.
+    fn close(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for ResetOnDrop {
+    fn drop(&mut self) {
+        if let Some(socket) = &self.0 {
+            abort(socket);
+        }
+    }
 }
 
 /// Makes the socket's close a reset: with SO_LINGER 0 the kernel discards unsent data and

@@ -112,7 +112,8 @@ pub struct ServerConfig {
     /// Time allowed, once TLS is done, for the first CONNECT; a connection that opens no
     /// stream in time is closed. Default: 10 s.
     pub first_stream_timeout: Duration,
-    /// Connections from one source IP that may be in the TLS handshake at once (accepted and
+    /// Connections from one source (an IPv4 address, or an IPv6 /64) that may be in the TLS
+    /// handshake at once (accepted and
     /// not yet authenticated); sockets past it are closed at once, so that one source cannot
     /// hold the connection slots. Default: 128.
     pub max_handshakes_per_source: usize,
@@ -469,6 +470,8 @@ where
             .server_builder(self.config.max_streams_per_connection);
         let preface_done = Arc::new(AtomicBool::new(false));
         let budget = Arc::new(SendBudget::new(self.config.h2.max_connection_send_buffer));
+        // However this connection ends, tunnels waiting for its budget are woken.
+        let _budget_ends = ShutDownOnDrop(budget.clone());
         let tls = Frames::server(tls, preface_done.clone(), budget.clone());
         let preface_at = authenticated + self.config.preface_timeout;
         let mut conn = tokio::time::timeout_at(preface_at, builder.handshake::<_, Bytes>(tls))
@@ -572,7 +575,7 @@ struct Admitted {
 impl Handshaking {
     /// Counts a handshake from `ip`, unless `ip` has `max` in progress.
     fn admit(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<Admitted> {
-        let ip = ip.to_canonical();
+        let ip = source_key(ip);
         let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let count = table.entry(ip).or_insert(0);
         if *count >= max {
@@ -583,6 +586,18 @@ impl Handshaking {
             table: self.clone(),
             ip,
         })
+    }
+}
+
+/// What the per-source handshake limit counts by: an IPv4 address, or an IPv6 /64 (one host
+/// commonly holds a whole /64, so counting single IPv6 addresses would bound nothing).
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(std::net::Ipv6Addr::from(prefix))
+        }
+        v4 => v4,
     }
 }
 
@@ -599,6 +614,15 @@ impl Drop for Admitted {
 }
 
 /// Counts a connection as open while alive.
+/// Shuts a connection's send budget down when the connection's task ends.
+struct ShutDownOnDrop(Arc<SendBudget>);
+
+impl Drop for ShutDownOnDrop {
+    fn drop(&mut self) {
+        self.0.shut_down();
+    }
+}
+
 struct OpenGuard(Arc<ServerStats>);
 
 impl OpenGuard {
@@ -783,5 +807,37 @@ where
 impl<F> fmt::Debug for DecideFn<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("DecideFn")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_per_source_limit_counts_ipv4_addresses_and_ipv6_prefixes() {
+        let table = Arc::new(Handshaking::default());
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        let held: Vec<_> = [a, b].iter().filter_map(|ip| table.admit(*ip, 2)).collect();
+        assert_eq!(held.len(), 2);
+        assert!(table.admit(a, 2).is_none(), "a third from the same /64");
+        assert!(
+            table.admit(other, 2).is_some(),
+            "another /64 is another source"
+        );
+        let v4: IpAddr = "127.0.0.1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let _one = table.admit(v4, 1).unwrap();
+        assert!(
+            table.admit(mapped, 1).is_none(),
+            "a mapped IPv4 address is that address"
+        );
+        drop(held);
+        assert!(
+            table.admit(a, 2).is_some(),
+            "counts drop with the handshakes"
+        );
     }
 }

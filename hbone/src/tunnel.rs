@@ -42,6 +42,9 @@ pub struct RecvHalf {
     /// Data received and not yet read; its flow-control credit is released as it is read.
     pending: Bytes,
     eof: bool,
+    /// Why reading ended, when it ended with an error: every later read fails the same way,
+    /// so that a caller that reads again never takes the cut for an end.
+    failed: Option<(io::ErrorKind, String)>,
     _guard: Option<Guard>,
 }
 
@@ -83,6 +86,7 @@ impl Tunnel {
                 stream: recv,
                 pending: Bytes::new(),
                 eof: false,
+                failed: None,
                 _guard: guard.clone(),
             },
             send: SendHalf {
@@ -167,7 +171,7 @@ impl RecvHalf {
             return Poll::Ready(Ok(Some(chunk)));
         }
         if self.eof {
-            return Poll::Ready(Ok(None));
+            return Poll::Ready(self.ended().map(|()| None));
         }
         loop {
             match ready!(self.stream.poll_data(cx)) {
@@ -206,8 +210,18 @@ impl RecvHalf {
     /// Ends reading with the stream's error. Every reset that comes before END_STREAM is an
     /// error, NO_ERROR and CANCEL included: data may have been cut.
     fn end_with(&mut self, e: h2::Error) -> io::Result<()> {
+        let e = h2_to_io(e);
         self.eof = true;
-        Err(h2_to_io(e))
+        self.failed = Some((e.kind(), e.to_string()));
+        Err(e)
+    }
+
+    /// How reading ended: `Ok` at END_STREAM, the first error again otherwise.
+    fn ended(&self) -> io::Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some((kind, message)) => Err(io::Error::new(*kind, message.clone())),
+        }
     }
 }
 
@@ -232,6 +246,9 @@ impl AsyncRead for RecvHalf {
                     }
                 }
             }
+        }
+        if self.pending.is_empty() && self.eof {
+            return Poll::Ready(self.ended());
         }
         let n = self.pending.len().min(buf.remaining());
         if n > 0 {
@@ -438,7 +455,15 @@ impl Drop for SendHalf {
             self.stream.send_reset(Reason::from(reason));
         }
         if let Some(budget) = &self.budget {
-            budget.close(self.stream_id());
+            // A stream h2 already holds as reset will never write what it still queued: give
+            // it all back now, whatever order the reset and the last claim came in.
+            let waker = std::task::Waker::noop();
+            let mut cx = Context::from_waker(waker);
+            if self.stream.poll_reset(&mut cx).is_ready() {
+                budget.discard(self.stream_id());
+            } else {
+                budget.close(self.stream_id());
+            }
         }
     }
 }

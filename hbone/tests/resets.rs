@@ -115,6 +115,50 @@ fn assert_reset_after_prefix(got: &[u8], end: &std::io::Result<usize>, sent: usi
     );
 }
 
+/// Reads exactly `len` bytes and checks that they are what was sent.
+async fn read_exactly(sock: &mut TcpStream, len: usize) {
+    let mut got = vec![0u8; len];
+    tokio::time::timeout(PATIENCE, sock.read_exact(&mut got))
+        .await
+        .expect("the bytes sent before the reset arrive")
+        .unwrap();
+    assert!(
+        got == pattern(0, len),
+        "the bytes that arrived are not what was sent"
+    );
+}
+
+/// The copy's future, dropped mid-transfer (a policy revoked, the proxy stopping), resets the
+/// application's socket: a FIN would make the cut look like the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_copy_resets_the_socket() {
+    let pki = Pki::new();
+    let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let local = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut app = TcpStream::connect(local.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (sock, _) = local.accept().await.unwrap();
+    let tunnel = client
+        .open(Target::new(
+            server.addr,
+            backend.local_addr().unwrap(),
+            id(CLIENT),
+            id(SERVER),
+        ))
+        .await
+        .unwrap();
+    let copy = tokio::spawn(copy_bidirectional(tunnel, sock));
+    let (mut upstream, _) = backend.accept().await.unwrap();
+    upstream.write_all(&pattern(0, 4096)).await.unwrap();
+    read_exactly(&mut app, 4096).await;
+    copy.abort();
+    let (got, end) = read_all(&mut app).await;
+    assert_reset_after_prefix(&got, &end, 0);
+}
+
 async fn next_copy(
     copies: &mut mpsc::UnboundedReceiver<Result<Copied, CopyError>>,
 ) -> Result<Copied, CopyError> {
@@ -128,11 +172,13 @@ async fn next_copy(
 async fn an_application_reset_behind_the_server_reaches_the_client_as_a_reset() {
     const SENT: usize = 1024 * 1024;
     let mut path = path().await;
-    // 1 MiB of a longer answer, then the server's application resets its socket.
+    // 1 MiB of a longer answer arrives whole; then the server's application resets its
+    // socket, and the client reads a reset, not an end.
     path.server_app.write_all(&pattern(0, SENT)).await.unwrap();
+    read_exactly(&mut path.client_app, SENT).await;
     reset(path.server_app);
     let (got, end) = read_all(&mut path.client_app).await;
-    assert_reset_after_prefix(&got, &end, SENT);
+    assert_reset_after_prefix(&got, &end, 0);
     let copy = next_copy(&mut path.copies).await.unwrap_err();
     assert_eq!(copy.side(), Side::Tunnel, "{copy}");
 }
@@ -142,9 +188,10 @@ async fn a_client_reset_reaches_the_server_application_as_a_reset() {
     const SENT: usize = 1024 * 1024;
     let mut path = path().await;
     path.client_app.write_all(&pattern(0, SENT)).await.unwrap();
+    read_exactly(&mut path.server_app, SENT).await;
     reset(path.client_app);
     let (got, end) = read_all(&mut path.server_app).await;
-    assert_reset_after_prefix(&got, &end, SENT);
+    assert_reset_after_prefix(&got, &end, 0);
     let copy = next_copy(&mut path.copies).await.unwrap_err();
     assert_eq!(copy.side(), Side::Socket, "{copy}");
 }

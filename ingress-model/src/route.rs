@@ -330,6 +330,12 @@ impl RouteTableBuilder {
         table
     }
 
+    /// Whether a table built by this builder takes `ingress`: its class is accepted (or no
+    /// class filter is set).
+    pub fn accepts(&self, ingress: &Ingress) -> bool {
+        self.class_filter().accepts(ingress)
+    }
+
     fn class_filter(&self) -> ClassFilter {
         if self.accepted_classes.is_empty() && self.controllers.is_empty() {
             return ClassFilter::All;

@@ -168,6 +168,21 @@ pub fn read_until_end(sock: &mut std::net::TcpStream) -> (Vec<u8>, std::io::Resu
     (got, end)
 }
 
+/// Reads exactly `len` bytes of `sock` (20 s read timeout) and asserts that they are
+/// [`pattern`]`(len)`: what a sender wrote before it resets arrived whole.
+pub fn read_exactly(sock: &mut std::net::TcpStream, len: usize) {
+    use std::io::Read;
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("setting a read timeout");
+    let mut got = vec![0u8; len];
+    sock.read_exact(&mut got)
+        .expect("the bytes sent before the reset arrive");
+    assert!(
+        got == pattern(len),
+        "the bytes that arrived are not what was sent"
+    );
+}
+
 /// Asserts that a read ended in a reset (not a clean EOF, not a timeout) after a prefix of
 /// [`pattern`]`(sent)`.
 pub fn assert_reset_after_prefix(got: &[u8], end: &std::io::Result<()>, sent: usize) {

@@ -63,6 +63,7 @@ impl ControlPlaneArgs {
                 .map_err(|e| crate::error_chain(&e))?;
         }
         if let Some(path) = &self.xds_token_file {
+            token_may_go_to("--xds-token-file", uri)?;
             config = config.bearer_token_file(path);
         }
         Ok(config)
@@ -91,14 +92,20 @@ impl ControlPlaneArgs {
             .connect_lazy())
     }
 
-    /// The token for the CA: `explicit` (a `--ca-token`), else the token file's contents.
+    /// The token for the CA at `uri`: `explicit` (a `--ca-token`), else the token file's
+    /// contents.
     ///
     /// # Errors
     ///
-    /// When the token file cannot be read.
-    pub fn ca_token(&self, explicit: Option<&str>) -> Result<Option<String>, CliError> {
+    /// When the token file cannot be read, or a token would go in plaintext (`http://`) to
+    /// a host that is not loopback.
+    pub fn ca_token(&self, explicit: Option<&str>, uri: &str) -> Result<Option<String>, CliError> {
         if let Some(token) = explicit {
+            token_may_go_to("--ca-token", uri)?;
             return Ok(Some(token.to_owned()));
+        }
+        if self.xds_token_file.is_some() {
+            token_may_go_to("--xds-token-file", uri)?;
         }
         match &self.xds_token_file {
             Some(path) => Ok(Some(
@@ -108,6 +115,57 @@ impl ControlPlaneArgs {
                     .to_owned(),
             )),
             None => Ok(None),
+        }
+    }
+}
+
+/// Refuses to send a bearer token in plaintext beyond this host: over `http://` it may only go
+/// to a loopback address (or `localhost`), where nobody on the path can read it.
+fn token_may_go_to(flag: &str, uri: &str) -> Result<(), CliError> {
+    let parsed: tonic::codegen::http::Uri = uri
+        .parse()
+        .map_err(|e| format!("control plane URL {uri:?}: {e}"))?;
+    if parsed.scheme_str() != Some("http") {
+        return Ok(());
+    }
+    let host = parsed.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        Err(format!(
+            "{flag}: refusing to send a token in plaintext to {uri}; use an https:// URL with --xds-ca"
+        )
+        .into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_may_go_to;
+
+    #[test]
+    fn tokens_go_in_plaintext_only_to_loopback() {
+        for ok in [
+            "http://127.0.0.1:15010",
+            "http://[::1]:15010",
+            "http://localhost:15012",
+            "https://10.0.0.5:15012",
+            "https://istiod.istio-system.svc:15012",
+        ] {
+            assert!(token_may_go_to("--t", ok).is_ok(), "{ok}");
+        }
+        for refused in [
+            "http://10.0.0.5:15010",
+            "http://istiod:15012",
+            "http://[2001:db8::1]:1",
+        ] {
+            let err = token_may_go_to("--t", refused).unwrap_err().to_string();
+            assert!(err.contains("plaintext"), "{refused}: {err}");
         }
     }
 }

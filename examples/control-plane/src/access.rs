@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | `node=NAME` | the node proxy of node `NAME` | `NAME`, or an Istio proxy id `TYPE~IP~ID~DOMAIN` (ztunnel's) whose metadata `NODE_NAME` is `NAME` | `Address` only: every Service; the workloads on node `NAME`; and the workloads that are endpoints of some Service (those its workloads may reach through a Service) |
 //! | `gateway=NAME` | a gateway (meshkit's or Envoy) | `NAME` (`NAME*`: any id starting with `NAME`) | everything but Secrets, and the Secrets that some Ingress's `spec.tls` names (`namespace/secretName`) |
+//! | `gateway=NAME:CLASS` | a gateway of IngressClass `CLASS` | as `gateway=NAME` | as `gateway=NAME`, but only the Ingresses of class `CLASS` (by `spec.ingressClassName`, the legacy annotation, or the default class) and only the Secrets those name |
 //!
 //! | the call | status |
 //! |---|---|
@@ -25,9 +26,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use meshkit_ingress_model::Ingress;
+use meshkit_ingress_model::{Ingress, IngressClass, RouteTableBuilder};
 use meshkit_mesh::proto::{Address, address};
-use meshkit_mesh::resources::{ADDRESS_TYPE_URL, INGRESS_TYPE_URL};
+use meshkit_mesh::resources::{ADDRESS_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL};
 use meshkit_xds_client::SECRET_TYPE_URL;
 use meshkit_xds_server::envoy_types::pb::envoy::config::core::v3::Node;
 use meshkit_xds_server::{AccessPolicy, Snapshot, StreamAccess, TypeSnapshot};
@@ -43,8 +44,17 @@ use crate::ca::TokenGrants;
 pub enum XdsRole {
     /// The node proxy of the named node.
     Node(String),
-    /// A gateway whose xDS node id is the name.
+    /// A gateway whose xDS node id is the name, serving every IngressClass.
     Gateway(String),
+    /// A gateway whose xDS node id is `name`, serving only Ingresses of IngressClass `class`
+    /// (token file word `gateway=NAME:CLASS`): it gets only those Ingresses and only the
+    /// Secrets they name, so gateways of different classes never see each other's keys.
+    GatewayOfClass {
+        /// The node id its requests must carry (`*` suffix: a prefix).
+        name: String,
+        /// The IngressClass it serves.
+        class: String,
+    },
 }
 
 /// The [`AccessPolicy`] of the control plane's ADS server: tokens from [`TokenGrants`],
@@ -75,7 +85,7 @@ impl XdsRole {
     /// `*` accepts every node id with that prefix).
     pub fn node_id(&self) -> &str {
         match self {
-            Self::Node(name) | Self::Gateway(name) => name,
+            Self::Node(name) | Self::Gateway(name) | Self::GatewayOfClass { name, .. } => name,
         }
     }
 
@@ -102,7 +112,16 @@ impl XdsRole {
         }
         match kind {
             "node" => Ok(Some(Self::Node(name.to_owned()))),
-            "gateway" => Ok(Some(Self::Gateway(name.to_owned()))),
+            "gateway" => match name.split_once(':') {
+                Some((name, class)) if !name.is_empty() && !class.is_empty() => {
+                    Ok(Some(Self::GatewayOfClass {
+                        name: name.to_owned(),
+                        class: class.to_owned(),
+                    }))
+                }
+                Some(_) => Err(format!("{word:?}: expected gateway=NAME:CLASS")),
+                None => Ok(Some(Self::Gateway(name.to_owned()))),
+            },
             _ => Err(format!(
                 "{word:?}: unknown xDS role (expected node=NAME or gateway=NAME)"
             )),
@@ -113,7 +132,8 @@ impl XdsRole {
     pub fn view(&self, snapshot: &Snapshot) -> Snapshot {
         match self {
             Self::Node(node) => node_view(snapshot, node),
-            Self::Gateway(_) => gateway_view(snapshot),
+            Self::Gateway(_) => gateway_view(snapshot, None),
+            Self::GatewayOfClass { class, .. } => gateway_view(snapshot, Some(class)),
         }
     }
 }
@@ -134,13 +154,31 @@ fn node_view(snapshot: &Snapshot, node: &str) -> Snapshot {
     Snapshot::new().with_type(ADDRESS_TYPE_URL, kept)
 }
 
-fn gateway_view(snapshot: &Snapshot) -> Snapshot {
+/// A gateway's view: everything but Secrets no Ingress of its class names; with a class,
+/// also only the Ingresses of that class.
+fn gateway_view(snapshot: &Snapshot, class: Option<&str>) -> Snapshot {
+    let classes: Vec<IngressClass> = snapshot
+        .get_type(INGRESS_CLASS_TYPE_URL)
+        .map(|ts| {
+            ts.resources()
+                .values()
+                .filter_map(|r| IngressClass::decode(r.resource.value.as_slice()).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut filter = RouteTableBuilder::default().ingress_classes(&classes);
+    if let Some(class) = class {
+        filter = filter.ingress_class(class);
+    }
     let mut referenced = BTreeSet::new();
     if let Some(ingresses) = snapshot.get_type(INGRESS_TYPE_URL) {
         for r in ingresses.resources().values() {
             let Ok(ingress) = Ingress::decode(r.resource.value.as_slice()) else {
                 continue;
             };
+            if !filter.accepts(&ingress) {
+                continue;
+            }
             let namespace = ingress
                 .metadata
                 .as_ref()
@@ -160,6 +198,10 @@ fn gateway_view(snapshot: &Snapshot) -> Snapshot {
         };
         let ts: TypeSnapshot = if url == SECRET_TYPE_URL {
             ts.filtered(|name, _| referenced.contains(name))
+        } else if url == INGRESS_TYPE_URL && class.is_some() {
+            ts.filtered(|_, r| {
+                Ingress::decode(r.resource.value.as_slice()).is_ok_and(|i| filter.accepts(&i))
+            })
         } else {
             ts.clone()
         };
@@ -269,5 +311,72 @@ impl StreamAccess for ClientAccess {
                 .entry(role)
                 .or_insert_with(|| Arc::new(self.role.view(snapshot))),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshkit_ingress_model::manifest;
+    use meshkit_xds_server::SnapshotBuilder;
+    use meshkit_xds_server::envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
+
+    const INGRESSES: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: a, namespace: shop}
+spec:
+  ingressClassName: public
+  tls: [{hosts: [a.example.com], secretName: a-tls}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: b, namespace: shop}
+spec:
+  ingressClassName: internal
+  tls: [{hosts: [b.example.com], secretName: b-tls}]
+"#;
+
+    fn snapshot() -> Snapshot {
+        let mut builder = SnapshotBuilder::new();
+        for ingress in manifest::from_yaml_str(INGRESSES).unwrap() {
+            let name = ingress
+                .metadata
+                .as_ref()
+                .and_then(|m| m.name.clone())
+                .unwrap();
+            builder.add(INGRESS_TYPE_URL, &format!("shop/{name}"), &ingress);
+        }
+        for secret in ["shop/a-tls", "shop/b-tls"] {
+            let value = Secret {
+                name: secret.to_owned(),
+                ..Secret::default()
+            };
+            builder.add(SECRET_TYPE_URL, secret, &value);
+        }
+        builder.build()
+    }
+
+    #[test]
+    fn a_gateway_of_a_class_sees_only_its_ingresses_and_their_secrets() {
+        let snapshot = snapshot();
+        let role = XdsRole::parse_word("gateway=public-gw:public")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            role,
+            XdsRole::GatewayOfClass {
+                name: "public-gw".into(),
+                class: "public".into()
+            }
+        );
+        let view = role.view(&snapshot);
+        assert_eq!(view.names(SECRET_TYPE_URL), ["shop/a-tls"]);
+        assert_eq!(view.names(INGRESS_TYPE_URL), ["shop/a"]);
+        // Without a class: every Ingress, and every Secret some Ingress names.
+        let all = XdsRole::Gateway("gw".into()).view(&snapshot);
+        assert_eq!(all.names(SECRET_TYPE_URL), ["shop/a-tls", "shop/b-tls"]);
+        assert!(XdsRole::parse_word("gateway=gw:").is_err());
+        assert!(XdsRole::parse_word("gateway=:public").is_err());
     }
 }

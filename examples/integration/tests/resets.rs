@@ -165,19 +165,29 @@ async fn read_all(sock: &mut TcpStream) -> (Vec<u8>, std::io::Result<usize>) {
     (got, end)
 }
 
+/// Reads the whole 1 MiB a peer sent before it resets, checked byte for byte.
+async fn read_exactly(sock: &mut TcpStream) {
+    let mut got = vec![0u8; SENT];
+    tokio::time::timeout(PATIENCE, sock.read_exact(&mut got))
+        .await
+        .expect("the bytes sent before the reset arrive")
+        .unwrap();
+    assert!(
+        got == pattern(SENT),
+        "the bytes that arrived are not what was sent"
+    );
+}
+
+/// After the whole 1 MiB arrived: nothing more, and a reset rather than an end.
 fn assert_reset_after_prefix(got: &[u8], end: &std::io::Result<usize>) {
     let err = end
         .as_ref()
         .expect_err("a reset must not read as a clean end");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     assert!(
-        got.len() <= SENT,
-        "{} bytes arrived of {SENT} sent",
+        got.is_empty(),
+        "{} bytes arrived after the reset",
         got.len()
-    );
-    assert!(
-        got == pattern(got.len()),
-        "the bytes that arrived are not what was sent"
     );
 }
 
@@ -186,6 +196,7 @@ async fn an_application_reset_crosses_both_node_proxies_as_a_reset() {
     let mesh = Mesh::start(1).await;
     let (mut client, mut app) = mesh.connect(1).await;
     app.write_all(&pattern(SENT)).await.unwrap();
+    read_exactly(&mut client).await;
     reset(app);
     let (got, end) = read_all(&mut client).await;
     assert_reset_after_prefix(&got, &end);
@@ -196,6 +207,7 @@ async fn a_client_reset_crosses_both_node_proxies_as_a_reset() {
     let mesh = Mesh::start(2).await;
     let (mut client, mut app) = mesh.connect(2).await;
     client.write_all(&pattern(SENT)).await.unwrap();
+    read_exactly(&mut app).await;
     reset(client);
     let (got, end) = read_all(&mut app).await;
     assert_reset_after_prefix(&got, &end);

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{TrustDomain, certs_to_pem, private_key_to_pem};
 use meshkit_test_support::{
-    KillOnDrop as Proc, assert_reset_after_prefix, free_port, pattern, read_until_end, reset,
-    wait_port,
+    KillOnDrop as Proc, assert_reset_after_prefix, free_port, pattern, read_exactly,
+    read_until_end, reset, wait_port,
 };
 
 const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
@@ -432,17 +432,19 @@ fn resets_cross_both_tools_as_resets() {
     let mut client = TcpStream::connect(("127.0.0.1", local_port)).unwrap();
     let (mut app, _) = backend.accept().unwrap();
     app.write_all(&pattern(SENT)).unwrap();
+    read_exactly(&mut client, SENT);
     reset(app);
     let (got, end) = read_until_end(&mut client);
-    assert_reset_after_prefix(&got, &end, SENT);
+    assert_reset_after_prefix(&got, &end, 0);
 
     // The client sends 1 MiB, then resets: the application behind hbone-serve sees a reset.
     let mut client = TcpStream::connect(("127.0.0.1", local_port)).unwrap();
     let (mut app, _) = backend.accept().unwrap();
     client.write_all(&pattern(SENT)).unwrap();
+    read_exactly(&mut app, SENT);
     reset(client);
     let (got, end) = read_until_end(&mut app);
-    assert_reset_after_prefix(&got, &end, SENT);
+    assert_reset_after_prefix(&got, &end, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

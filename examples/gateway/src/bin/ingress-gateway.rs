@@ -142,7 +142,10 @@ async fn run(args: Args) -> Result<(), CliError> {
     let bundles = load_bundle(&args.ca_root, &identity.trust_domain())?;
     let channel = args.control_plane.ca_channel(&args.ca, &args.ca_root)?;
     let mut ca = IstioCaClient::new(channel);
-    if let Some(token) = args.control_plane.ca_token(args.ca_token.as_deref())? {
+    if let Some(token) = args
+        .control_plane
+        .ca_token(args.ca_token.as_deref(), &args.ca)?
+    {
         ca = ca.with_bearer_token(&token)?;
     }
     let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
