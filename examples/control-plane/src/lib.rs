@@ -147,6 +147,11 @@ pub struct ControlPlaneConfig {
     /// TLS for ADS and the CA; `None` for plaintext, which only loopback addresses may use
     /// ([`StartError::PlaintextNotLoopback`]). Default on ([`ServingTls::default`]).
     pub tls: Option<ServingTls>,
+    /// Connections open at once from one source (an IPv4 address, or an IPv6 /64), on each
+    /// of the ADS and CA listeners; more are closed at accept, before TLS, so that one host
+    /// cannot hold the connection slots whatever it sends. Default 64 (a node proxy or a
+    /// gateway keeps one or two).
+    pub max_connections_per_source: usize,
 }
 
 /// The outcome of the latest load of the manifest folder.
@@ -192,6 +197,7 @@ impl ControlPlaneConfig {
             poll_interval: Duration::from_millis(200),
             ca_limits: CaLimits::default(),
             tls: Some(ServingTls::default()),
+            max_connections_per_source: 64,
         }
     }
 
@@ -253,6 +259,12 @@ impl ControlPlaneConfig {
     /// Sets the CA server's bounds (default [`CaLimits::default`]).
     pub fn with_ca_limits(mut self, limits: CaLimits) -> Self {
         self.ca_limits = limits;
+        self
+    }
+
+    /// Sets [`ControlPlaneConfig::max_connections_per_source`] (default 64; at least 1).
+    pub fn with_max_connections_per_source(mut self, max: usize) -> Self {
+        self.max_connections_per_source = max.max(1);
         self
     }
 }
@@ -331,7 +343,8 @@ impl ControlPlane {
             .with_config(ServerConfig::default().max_decoding_message_size(16 * 1024 * 1024))
             .with_access(access::TokenAccess::new(config.grants.clone()))
             .with_stop(stop.subscribe());
-        let ads_incoming = tls::incoming(ads_listener, acceptor.clone());
+        let per_source = config.max_connections_per_source;
+        let ads_incoming = tls::incoming(ads_listener, acceptor.clone(), per_source);
         tasks.push(tokio::spawn(async move {
             if let Err(e) = ads.serve_with_incoming(ads_incoming, stopped).await {
                 tracing::error!(error = %e, "ADS server failed");
@@ -340,7 +353,7 @@ impl ControlPlane {
         let stopped = stop_signal(&stop);
         tasks.push(tokio::spawn(async move {
             let incoming = ca::limit_connections(
-                tls::incoming(ca_listener, acceptor),
+                tls::incoming(ca_listener, acceptor, per_source),
                 ca_limits.max_connections,
             );
             let result = ca_limits

@@ -244,8 +244,58 @@ fn issue(
     Ok(Arc::new(CertifiedKey::new(chain, key)))
 }
 
-/// A served connection, plain or TLS, as tonic takes it.
-pub(crate) struct Conn(Box<dyn Io>);
+/// A served connection, plain or TLS, as tonic takes it, holding its place among its
+/// source's connections until it is dropped.
+pub(crate) struct Conn(Box<dyn Io>, #[allow(dead_code)] SourceSlot);
+
+/// Connections open per source (an IPv4 address, or an IPv6 /64): one client host, with or
+/// without a token, cannot take every connection slot of a listener.
+#[derive(Clone, Default)]
+struct PerSource(Arc<std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>>);
+
+/// One connection counted in [`PerSource`] until it is dropped.
+pub(crate) struct SourceSlot {
+    table: PerSource,
+    key: IpAddr,
+}
+
+impl PerSource {
+    fn admit(&self, ip: IpAddr, max: usize) -> Option<SourceSlot> {
+        let key = source_key(ip);
+        let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = table.entry(key).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(SourceSlot {
+            table: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut table = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = table.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                table.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// What [`PerSource`] counts by: an IPv4 address, or an IPv6 /64.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
+            u128::from(v6) & !((1u128 << 64) - 1),
+        )),
+        v4 => v4,
+    }
+}
 
 trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
@@ -292,22 +342,31 @@ impl tonic::transport::server::Connected for Conn {
 }
 
 /// The connections of `listener`, through TLS when `tls` is set. Each handshake runs on its
-/// own task with `timeout`, at most `max` at once, so a silent client delays no one. Ends when
-/// the returned stream is dropped.
+/// own task with `timeout`, at most `max` at once, so a silent client delays no one; at most
+/// `per_source` connections are open from one source (IPv4 address or IPv6 /64), more are
+/// closed at accept. Ends when the returned stream is dropped.
 pub(crate) fn incoming(
     listener: TcpListener,
     tls: Option<(TlsAcceptor, Duration, usize)>,
+    per_source: usize,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Conn>> {
     let (tx, rx) = mpsc::channel(64);
     let in_flight = Arc::new(AtomicUsize::new(0));
+    let sources = PerSource::default();
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
                 () = tx.closed() => return,
             };
-            let tcp = match accepted {
-                Ok((tcp, _)) => tcp,
+            let (tcp, slot) = match accepted {
+                Ok((tcp, peer)) => match sources.admit(peer.ip(), per_source) {
+                    Some(slot) => (tcp, slot),
+                    None => {
+                        tracing::warn!(%peer, per_source, "too many connections from this source; closed");
+                        continue;
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -316,7 +375,7 @@ pub(crate) fn incoming(
             };
             let _ = tcp.set_nodelay(true);
             let Some((acceptor, timeout, max)) = &tls else {
-                if tx.send(Ok(Conn(Box::new(tcp)))).await.is_err() {
+                if tx.send(Ok(Conn(Box::new(tcp), slot))).await.is_err() {
                     return;
                 }
                 continue;
@@ -337,7 +396,7 @@ pub(crate) fn incoming(
                 in_flight.fetch_sub(1, Ordering::Relaxed);
                 match result {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(Conn(Box::new(tls)))).await;
+                        let _ = tx.send(Ok(Conn(Box::new(tls), slot))).await;
                     }
                     Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!("TLS handshake timed out"),

@@ -1067,3 +1067,67 @@ async fn plaintext_is_refused_on_a_non_loopback_address() {
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One host cannot take every connection slot: past `max_connections_per_source` from one
+/// address, ADS and CA connections are closed at accept, before TLS; another source is still
+/// served, and the slots come back when the connections close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_source_are_limited_on_ads_and_the_ca() {
+    use tokio::io::AsyncReadExt;
+    let dir = manifest_copy("per-source");
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let cp = ControlPlane::start(
+        ControlPlaneConfig::new(&dir)
+            .with_ads_addr(any)
+            .with_ca_addr(any)
+            .with_max_connections_per_source(4),
+    )
+    .await
+    .expect("control plane starts");
+    let connect_from = |host: u8, to: SocketAddr| async move {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(SocketAddr::from(([127, 0, 0, host], 0))).unwrap();
+        sock.connect(to).await.unwrap()
+    };
+    for addr in [cp.ads_addr(), cp.ca_addr()] {
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(connect_from(7, addr).await);
+        }
+        // The fifth from the same source is closed at once, without a byte.
+        let mut fifth = connect_from(7, addr).await;
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(10), fifth.read(&mut buf))
+            .await
+            .expect("the connection past the limit is closed");
+        assert!(
+            matches!(read, Ok(0) | Err(_)),
+            "past the limit, yet answered: {read:?}"
+        );
+        // Another source is served: its TLS handshake gets an answer.
+        let mut other = connect_from(8, addr).await;
+        tokio::io::AsyncWriteExt::write_all(&mut other, b"\x16\x03\x01\x00\x04\x01\x00\x00\x00")
+            .await
+            .unwrap();
+        // A TLS alert back (bytes, not a bare close): the handshake ran.
+        let answered = tokio::time::timeout(Duration::from_secs(10), other.read(&mut buf)).await;
+        assert!(
+            matches!(answered, Ok(Ok(n)) if n > 0),
+            "a connection from another source was not served: {answered:?}"
+        );
+        // Closing the held connections gives the places back.
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut again = connect_from(7, addr).await;
+        tokio::io::AsyncWriteExt::write_all(&mut again, b"\x16\x03\x01\x00\x04\x01\x00\x00\x00")
+            .await
+            .unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(10), again.read(&mut buf)).await;
+        assert!(
+            matches!(answered, Ok(Ok(n)) if n > 0),
+            "the source's places did not come back: {answered:?}"
+        );
+    }
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
