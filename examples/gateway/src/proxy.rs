@@ -192,7 +192,10 @@ pub(crate) struct RequestBody {
     inner: Incoming,
     received: u64,
     limit: u64,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+    /// Started at the first poll, when the body begins to go to the backend: the time to
+    /// pick an endpoint and open its tunnel is not the client's.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     progress: watch::Sender<Upload>,
 }
 
@@ -211,7 +214,7 @@ impl std::error::Error for BodyCut {}
 // === impl RequestBody ===
 
 impl RequestBody {
-    /// `inner`, limited to `limit` bytes and to `timeout` from now.
+    /// `inner`, limited to `limit` bytes and to `timeout` from when it is first read.
     pub(crate) fn new(inner: Incoming, limit: u64, timeout: Duration) -> Self {
         let state = if inner.is_end_stream() {
             Upload::Done
@@ -222,7 +225,8 @@ impl RequestBody {
             inner,
             received: 0,
             limit,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
+            timeout,
+            deadline: None,
             progress: watch::Sender::new(state),
         }
     }
@@ -234,7 +238,10 @@ impl RequestBody {
 
     /// When the body must have arrived.
     pub(crate) fn deadline(&self) -> tokio::time::Instant {
-        self.deadline.deadline()
+        match &self.deadline {
+            Some(sleep) => sleep.deadline(),
+            None => tokio::time::Instant::now() + self.timeout,
+        }
     }
 
     fn end(&mut self, how: Upload) {
@@ -253,6 +260,9 @@ impl HttpBody for RequestBody {
         let this = self.get_mut();
         if *this.progress.borrow() != Upload::Sending {
             return Poll::Ready(None);
+        }
+        if this.deadline.is_none() {
+            this.deadline = Some(Box::pin(tokio::time::sleep(this.timeout)));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -279,7 +289,11 @@ impl HttpBody for RequestBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.deadline.as_mut().poll(cx).is_ready() {
+                let timeout = this.timeout;
+                let deadline = this
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if deadline.as_mut().poll(cx).is_ready() {
                     this.end(Upload::TimedOut);
                     return Poll::Ready(Some(Err(Box::new(BodyCut("request body timed out")))));
                 }
