@@ -6,6 +6,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,7 +15,6 @@ use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::sync::watch;
 
 use crate::GatewaySettings;
 use crate::proxy::Body;
@@ -63,8 +63,8 @@ pub(crate) async fn serve<IO>(
         io,
     });
 
-    let (in_flight, idle) = watch::channel(0usize);
-    let in_flight = Arc::new(in_flight);
+    let activity = Arc::new(Activity::new());
+    let in_flight = activity.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(client);
         let guard = InFlight::new(in_flight.clone());
@@ -87,7 +87,13 @@ pub(crate) async fn serve<IO>(
             .max_concurrent_streams(settings.http2_max_concurrent_streams)
             .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
         let conn = builder.serve_connection(io, service);
-        until_idle(conn, |c| c.graceful_shutdown(), idle, settings.idle_timeout).await
+        until_idle(
+            conn,
+            |c| c.graceful_shutdown(),
+            &activity,
+            settings.idle_timeout,
+        )
+        .await
     } else {
         let mut builder = http1::Builder::new();
         // A client that does not finish its request head in time is dropped (slowloris).
@@ -97,7 +103,13 @@ pub(crate) async fn serve<IO>(
             .max_header_size(settings.max_header_bytes)
             .max_buf_size(settings.max_header_bytes.max(HTTP1_MAX_BUFFER));
         let conn = builder.serve_connection(io, service);
-        until_idle(conn, |c| c.graceful_shutdown(), idle, settings.idle_timeout).await
+        until_idle(
+            conn,
+            |c| c.graceful_shutdown(),
+            &activity,
+            settings.idle_timeout,
+        )
+        .await
     };
     if let Err(e) = result {
         tracing::debug!(client = %client.addr, error = %e, "client connection ended with an error");
@@ -123,7 +135,7 @@ async fn sniff<IO: AsyncRead + Unpin>(io: &mut IO, buf: &mut [u8; 24]) -> io::Re
 async fn until_idle<C, E>(
     conn: C,
     shutdown: impl FnOnce(Pin<&mut C>),
-    mut in_flight: watch::Receiver<usize>,
+    activity: &Activity,
     timeout: Duration,
 ) -> Result<(), E>
 where
@@ -132,7 +144,7 @@ where
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
         result = conn.as_mut() => return result,
-        () = idle_for(&mut in_flight, timeout) => {}
+        () = activity.idle_for(timeout) => {}
     }
     tracing::debug!("client connection idle; closing");
     shutdown(conn.as_mut());
@@ -141,36 +153,68 @@ where
         .unwrap_or(Ok(()))
 }
 
-/// Returns once no request has been in flight for `timeout`.
-async fn idle_for(in_flight: &mut watch::Receiver<usize>, timeout: Duration) {
-    loop {
-        // The sender lives in the connection's service, as long as the connection.
-        if in_flight.wait_for(|n| *n == 0).await.is_err() {
-            return std::future::pending().await;
+/// Requests in flight on one connection, and when the last one ended. Counted with atomics
+/// and read by a timer that wakes once per idle period: a request costs no wake-up and no
+/// timer of its own.
+struct Activity {
+    in_flight: AtomicUsize,
+    /// When the connection last became idle, in nanoseconds since `base`.
+    idle_since: AtomicU64,
+    base: tokio::time::Instant,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            base: tokio::time::Instant::now(),
         }
-        if tokio::time::timeout(timeout, in_flight.wait_for(|n| *n > 0))
-            .await
-            .is_err()
-        {
-            return;
+    }
+
+    fn start(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn end(&self) {
+        let since = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.idle_since.store(since, Ordering::Release);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Returns once no request has been in flight for `timeout`.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let at = if self.in_flight.load(Ordering::Acquire) > 0 {
+                tokio::time::Instant::now() + timeout
+            } else {
+                let since = Duration::from_nanos(self.idle_since.load(Ordering::Acquire));
+                self.base + since + timeout
+            };
+            tokio::time::sleep_until(at).await;
+            let since = Duration::from_nanos(self.idle_since.load(Ordering::Acquire));
+            if self.in_flight.load(Ordering::Acquire) == 0 && self.base.elapsed() >= since + timeout
+            {
+                return;
+            }
         }
     }
 }
 
 /// Counts one request in flight on its connection, from its head until its answer's body
 /// has been sent (or dropped).
-struct InFlight(Arc<watch::Sender<usize>>);
+struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    fn new(count: Arc<watch::Sender<usize>>) -> Self {
-        count.send_modify(|n| *n += 1);
-        Self(count)
+    fn new(activity: Arc<Activity>) -> Self {
+        activity.start();
+        Self(activity)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        self.0.end();
     }
 }
 
