@@ -26,7 +26,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use meshkit_ingress_model::{Ingress, IngressClass, RouteTableBuilder};
+use meshkit_ingress_model::{Ingress, IngressClass};
 use meshkit_mesh::proto::{Address, address};
 use meshkit_mesh::resources::{ADDRESS_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL};
 use meshkit_xds_client::SECRET_TYPE_URL;
@@ -166,10 +166,7 @@ fn gateway_view(snapshot: &Snapshot, class: Option<&str>) -> Snapshot {
                 .collect()
         })
         .unwrap_or_default();
-    let mut filter = RouteTableBuilder::default().ingress_classes(&classes);
-    if let Some(class) = class {
-        filter = filter.ingress_class(class);
-    }
+    let filter = ClassFilter::new(class, &classes);
     let mut referenced = BTreeSet::new();
     if let Some(ingresses) = snapshot.get_type(INGRESS_TYPE_URL) {
         for r in ingresses.resources().values() {
@@ -208,6 +205,55 @@ fn gateway_view(snapshot: &Snapshot, class: Option<&str>) -> Snapshot {
         view = view.with_type(url, ts);
     }
     view
+}
+
+/// Which Ingresses a gateway of one class is sent, by the rule the gateway itself routes by:
+/// an Ingress's class is `spec.ingressClassName`, else the legacy `kubernetes.io/ingress.class`
+/// annotation, else the default class (the one IngressClass annotated
+/// `ingressclass.kubernetes.io/is-default-class: "true"`, when there is exactly one).
+struct ClassFilter {
+    class: Option<String>,
+    default: Option<String>,
+}
+
+impl ClassFilter {
+    fn new(class: Option<&str>, classes: &[IngressClass]) -> Self {
+        let mut defaults = classes.iter().filter(|c| {
+            c.metadata
+                .as_ref()
+                .and_then(|m| {
+                    m.annotations
+                        .get("ingressclass.kubernetes.io/is-default-class")
+                })
+                .is_some_and(|v| v == "true")
+        });
+        let default = match (defaults.next(), defaults.next()) {
+            (Some(only), None) => only.metadata.as_ref().and_then(|m| m.name.clone()),
+            _ => None,
+        };
+        Self {
+            class: class.map(str::to_owned),
+            default,
+        }
+    }
+
+    fn accepts(&self, ingress: &Ingress) -> bool {
+        let Some(class) = &self.class else {
+            return true;
+        };
+        let named = ingress
+            .spec
+            .as_ref()
+            .and_then(|s| s.ingress_class_name.clone())
+            .or_else(|| {
+                ingress
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.annotations.get("kubernetes.io/ingress.class").cloned())
+            })
+            .or_else(|| self.default.clone());
+        named.as_deref() == Some(class.as_str())
+    }
 }
 
 // === impl TokenAccess ===
