@@ -68,6 +68,44 @@ fn echo_backend_on(ip: &str) -> SocketAddr {
     addr
 }
 
+/// `hbone-serve`'s flags for a server on 127.0.0.1:`hbone_port` with the PKI in `dir`,
+/// admitting CLIENT.
+fn serve_args(dir: &Path, hbone_port: u16) -> Vec<String> {
+    let d = |f: &str| dir.join(f).display().to_string();
+    vec![
+        "--listen".into(),
+        format!("127.0.0.1:{hbone_port}"),
+        "--cert".into(),
+        d("server.crt"),
+        "--key".into(),
+        d("server.key"),
+        "--ca".into(),
+        d("ca.crt"),
+        "--allow-id".into(),
+        CLIENT.into(),
+    ]
+}
+
+/// `hbone-connect`'s flags for `listen` (LOCAL=TARGET) through `upstream`, as CLIENT with the
+/// PKI in `dir`, expecting SERVER.
+fn connect_args(dir: &Path, listen: String, upstream: String) -> Vec<String> {
+    let d = |f: &str| dir.join(f).display().to_string();
+    vec![
+        "--listen".into(),
+        listen,
+        "--upstream".into(),
+        upstream,
+        "--cert".into(),
+        d("client.crt"),
+        "--key".into(),
+        d("client.key"),
+        "--ca".into(),
+        d("ca.crt"),
+        "--server-id".into(),
+        SERVER.into(),
+    ]
+}
+
 fn temp_dir(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("meshkit-tools-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -110,43 +148,22 @@ fn terminate(p: &mut Proc) -> std::process::ExitStatus {
 fn connect_and_serve_tunnel_bytes_log_peers_and_stop_on_sigterm() {
     let dir = temp_dir("pair");
     pki(&dir);
-    let d = |f: &str| dir.join(f).display().to_string();
     let backend = echo_backend();
     let (hbone_port, local_port) = (free_port(), free_port());
 
     let mut serve = spawn(
         env!("CARGO_BIN_EXE_hbone-serve"),
-        &[
-            "--listen".into(),
-            format!("127.0.0.1:{hbone_port}"),
-            "--cert".into(),
-            d("server.crt"),
-            "--key".into(),
-            d("server.key"),
-            "--ca".into(),
-            d("ca.crt"),
-            "--allow-id".into(),
-            CLIENT.into(),
-        ],
+        &serve_args(&dir, hbone_port),
         &dir.join("serve.log"),
     );
     wait_port(hbone_port, Duration::from_secs(20));
     let mut connect = spawn(
         env!("CARGO_BIN_EXE_hbone-connect"),
-        &[
-            "--listen".into(),
+        &connect_args(
+            &dir,
             format!("127.0.0.1:{local_port}={backend}"),
-            "--upstream".into(),
             format!("127.0.0.1:{hbone_port}"),
-            "--cert".into(),
-            d("client.crt"),
-            "--key".into(),
-            d("client.key"),
-            "--ca".into(),
-            d("ca.crt"),
-            "--server-id".into(),
-            SERVER.into(),
-        ],
+        ),
         &dir.join("connect.log"),
     );
     // Wait for its log line rather than probing the port: a probe would be a tunnel too.
@@ -244,7 +261,6 @@ fn errors_name_what_to_fix() {
 fn connect_survives_accept_errors() {
     let dir = temp_dir("emfile");
     pki(&dir);
-    let d = |f: &str| dir.join(f).display().to_string();
     // An HBONE "server" that never answers: the kernel completes TCP connects to it from its
     // backlog, and every tunnel waits in the TLS handshake, holding its client's socket.
     let silent = TcpListener::bind("127.0.0.1:0").expect("silent listener");
@@ -256,20 +272,11 @@ fn connect_survives_accept_errors() {
             .arg("-c")
             .arg("ulimit -n 48 && exec \"$0\" \"$@\"")
             .arg(env!("CARGO_BIN_EXE_hbone-connect"))
-            .args([
-                "--listen".into(),
+            .args(connect_args(
+                &dir,
                 format!("127.0.0.1:{local_port}=127.0.0.1:9"),
-                "--upstream".into(),
                 upstream.to_string(),
-                "--cert".into(),
-                d("client.crt"),
-                "--key".into(),
-                d("client.key"),
-                "--ca".into(),
-                d("ca.crt"),
-                "--server-id".into(),
-                SERVER.into(),
-            ])
+            ))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -305,22 +312,10 @@ fn connect_survives_accept_errors() {
 fn serve_forwards_only_to_allowed_targets() {
     let dir = temp_dir("targets");
     pki(&dir);
-    let d = |f: &str| dir.join(f).display().to_string();
     let elsewhere = echo_backend_on("127.0.0.2");
     for (round, widen) in [false, true].into_iter().enumerate() {
         let (hbone_port, local_port) = (free_port(), free_port());
-        let mut args = vec![
-            "--listen".into(),
-            format!("127.0.0.1:{hbone_port}"),
-            "--cert".into(),
-            d("server.crt"),
-            "--key".into(),
-            d("server.key"),
-            "--ca".into(),
-            d("ca.crt"),
-            "--allow-id".into(),
-            CLIENT.into(),
-        ];
+        let mut args = serve_args(&dir, hbone_port);
         if widen {
             args.extend(["--allow-target".into(), "127.0.0.2".into()]);
         }
@@ -330,20 +325,11 @@ fn serve_forwards_only_to_allowed_targets() {
         let connect_log = dir.join(format!("connect-{round}.log"));
         let mut connect = spawn(
             env!("CARGO_BIN_EXE_hbone-connect"),
-            &[
-                "--listen".into(),
+            &connect_args(
+                &dir,
                 format!("127.0.0.1:{local_port}={elsewhere}"),
-                "--upstream".into(),
                 format!("127.0.0.1:{hbone_port}"),
-                "--cert".into(),
-                d("client.crt"),
-                "--key".into(),
-                d("client.key"),
-                "--ca".into(),
-                d("ca.crt"),
-                "--server-id".into(),
-                SERVER.into(),
-            ],
+            ),
             &connect_log,
         );
         wait_log(&connect_log, "hbone-connect listening");
@@ -373,44 +359,23 @@ fn serve_forwards_only_to_allowed_targets() {
 /// `hbone-connect` listening on a free local port that tunnels there; returns the processes
 /// and the local port once both are ready.
 fn start_pair(dir: &Path, name: &str, target: SocketAddr) -> (Proc, Proc, u16) {
-    let d = |f: &str| dir.join(f).display().to_string();
     let (hbone_port, local_port) = (free_port(), free_port());
+    let mut args = serve_args(dir, hbone_port);
+    args.extend(["--allow-target".into(), target.ip().to_string()]);
     let serve = spawn(
         env!("CARGO_BIN_EXE_hbone-serve"),
-        &[
-            "--listen".into(),
-            format!("127.0.0.1:{hbone_port}"),
-            "--cert".into(),
-            d("server.crt"),
-            "--key".into(),
-            d("server.key"),
-            "--ca".into(),
-            d("ca.crt"),
-            "--allow-id".into(),
-            CLIENT.into(),
-            "--allow-target".into(),
-            target.ip().to_string(),
-        ],
+        &args,
         &dir.join(format!("{name}-serve.log")),
     );
     wait_port(hbone_port, Duration::from_secs(20));
     let connect_log = dir.join(format!("{name}-connect.log"));
     let connect = spawn(
         env!("CARGO_BIN_EXE_hbone-connect"),
-        &[
-            "--listen".into(),
+        &connect_args(
+            dir,
             format!("127.0.0.1:{local_port}={target}"),
-            "--upstream".into(),
             format!("127.0.0.1:{hbone_port}"),
-            "--cert".into(),
-            d("client.crt"),
-            "--key".into(),
-            d("client.key"),
-            "--ca".into(),
-            d("ca.crt"),
-            "--server-id".into(),
-            SERVER.into(),
-        ],
+        ),
         &connect_log,
     );
     wait_log(&connect_log, "hbone-connect listening");
@@ -455,7 +420,6 @@ fn resets_cross_both_tools_as_resets() {
 fn serve_survives_accept_errors() {
     let dir = temp_dir("serve-emfile");
     pki(&dir);
-    let d = |f: &str| dir.join(f).display().to_string();
     let backend = echo_backend();
     let (hbone_port, local_port) = (free_port(), free_port());
     let log = dir.join("serve.log");
@@ -464,18 +428,7 @@ fn serve_survives_accept_errors() {
             .arg("-c")
             .arg("ulimit -n 48 && exec \"$0\" \"$@\"")
             .arg(env!("CARGO_BIN_EXE_hbone-serve"))
-            .args([
-                "--listen".into(),
-                format!("127.0.0.1:{hbone_port}"),
-                "--cert".into(),
-                d("server.crt"),
-                "--key".into(),
-                d("server.key"),
-                "--ca".into(),
-                d("ca.crt"),
-                "--allow-id".into(),
-                CLIENT.into(),
-            ])
+            .args(serve_args(&dir, hbone_port))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
@@ -511,20 +464,11 @@ fn serve_survives_accept_errors() {
     // An honest client is served afterwards, by the same listener.
     let mut connect = spawn(
         env!("CARGO_BIN_EXE_hbone-connect"),
-        &[
-            "--listen".into(),
+        &connect_args(
+            &dir,
             format!("127.0.0.1:{local_port}={backend}"),
-            "--upstream".into(),
             format!("127.0.0.1:{hbone_port}"),
-            "--cert".into(),
-            d("client.crt"),
-            "--key".into(),
-            d("client.key"),
-            "--ca".into(),
-            d("ca.crt"),
-            "--server-id".into(),
-            SERVER.into(),
-        ],
+        ),
         &dir.join("connect.log"),
     );
     wait_log(&dir.join("connect.log"), "hbone-connect listening");
