@@ -159,6 +159,39 @@ static_resources:
     )
 }
 
+/// meshkit's HBONE server on a loopback port, presenting ENVOY_SERVER and admitting only
+/// ENVOY_CLIENT, with `service`: its address and its counters.
+async fn meshkit_server<S>(
+    ca: &TestCa,
+    tls: TlsSettings,
+    service: S,
+) -> (SocketAddr, Arc<meshkit_hbone::ServerStats>)
+where
+    S: tower::Service<ConnectRequest, Response = meshkit_hbone::Decision>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Error: std::fmt::Display + Send,
+    S::Future: Send,
+{
+    let tls = tls
+        .server_config(
+            ca.issue(id(ENVOY_SERVER)),
+            meshkit_identity::SpiffeVerifier::new(
+                ca.bundle_set(),
+                Authorize::Exact(id(ENVOY_CLIENT)),
+            ),
+        )
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ours = listener.local_addr().unwrap();
+    let server = Server::new(ServerConfig::default(), SingleIdentity::new(tls), service);
+    let stats = server.stats();
+    tokio::spawn(server.serve(listener));
+    (ours, stats)
+}
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("meshkit-envoy-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -281,20 +314,7 @@ async fn envoy_client_to_server(name: &str, tls: TlsSettings) {
         let forward = forward.clone();
         async move { forward.decide(req).await }
     });
-    let tls = tls
-        .server_config(
-            ca.issue(id(ENVOY_SERVER)),
-            meshkit_identity::SpiffeVerifier::new(
-                ca.bundle_set(),
-                Authorize::Exact(id(ENVOY_CLIENT)),
-            ),
-        )
-        .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let ours = listener.local_addr().unwrap();
-    let server = Server::new(ServerConfig::default(), SingleIdentity::new(tls), service);
-    let stats = server.stats();
-    tokio::spawn(server.serve(listener));
+    let (ours, stats) = meshkit_server(&ca, tls, service).await;
 
     let port = free_port();
     let _envoy = start_envoy(
@@ -424,23 +444,7 @@ async fn resets_between_an_envoy_client_and_a_meshkit_server() {
     let ca = TestCa::new(TrustDomain::new("cluster.local").unwrap());
     write_pki(&ca, &dir, &[("client", ENVOY_CLIENT)]);
     let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tls = TlsSettings::default()
-        .server_config(
-            ca.issue(id(ENVOY_SERVER)),
-            meshkit_identity::SpiffeVerifier::new(
-                ca.bundle_set(),
-                Authorize::Exact(id(ENVOY_CLIENT)),
-            ),
-        )
-        .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let ours = listener.local_addr().unwrap();
-    let server = Server::new(
-        ServerConfig::default(),
-        SingleIdentity::new(tls),
-        Forward::new(),
-    );
-    tokio::spawn(server.serve(listener));
+    let (ours, _) = meshkit_server(&ca, TlsSettings::default(), Forward::new()).await;
     let port = free_port();
     let _envoy = start_envoy(
         &dir,
