@@ -24,6 +24,7 @@ use meshkit_identity::istio::{
     requested_validity,
 };
 use meshkit_identity::{BoxFuture, CaSigner, ErrorChain, SpiffeId, certs_to_pem};
+use meshkit_xds_server::{Admission, AdmissionDeadline};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::{Stream, StreamExt};
@@ -359,7 +360,7 @@ impl std::error::Error for CaConfigError {}
 
 /// The CA server's bounds, each with a default. [`ControlPlane::start`](crate::ControlPlane::start)
 /// applies all of them; a server of one's own applies them with [`CaLimits::service`],
-/// [`CaLimits::server`] and [`limit_connections`].
+/// [`CaLimits::server`] and [`CaLimits::connections`].
 ///
 /// | setting | default | past it |
 /// |---|---|---|
@@ -370,6 +371,7 @@ impl std::error::Error for CaConfigError {}
 /// | `request_timeout` | 10 s per call, from its headers to its answer | `CANCELLED` (tonic's server timeout) |
 /// | `max_streams_per_connection` | 16 (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`) | the client waits for a free stream |
 /// | `max_connections` | 1,024 | the connection is closed as soon as it is accepted |
+/// | `first_call_timeout` | 10 s from the end of the TLS handshake | a connection with no successful call by then is closed |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CaLimits {
@@ -390,6 +392,11 @@ pub struct CaLimits {
     pub max_streams_per_connection: u32,
     /// How many connections the CA keeps open at once.
     pub max_connections: usize,
+    /// How long a connection has to complete its first successful call (a signed
+    /// certificate); one that has none by then (silent, or refused only) is closed, so that
+    /// clients without a valid token cannot sit on connection slots. Applied by
+    /// [`CaLimits::connections`]; [`ConcurrencyLimited`] marks the success.
+    pub first_call_timeout: Duration,
 }
 
 impl Default for CaLimits {
@@ -402,6 +409,7 @@ impl Default for CaLimits {
             request_timeout: Duration::from_secs(10),
             max_streams_per_connection: 16,
             max_connections: 1024,
+            first_call_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -416,6 +424,26 @@ impl CaLimits {
         ConcurrencyLimited::new(ca, self.max_concurrent_requests)
     }
 
+    /// The connections of `incoming` as the CA serves them: at most
+    /// [`max_connections`](Self::max_connections) open ([`limit_connections`]), each closed
+    /// unless its first successful call comes within
+    /// [`first_call_timeout`](Self::first_call_timeout) of its arrival here (the service of
+    /// [`CaLimits::service`] marks the success). Serve them with [`CaLimits::server`].
+    pub fn connections<I, IO, E>(
+        &self,
+        incoming: I,
+    ) -> impl Stream<Item = Result<Counted<AdmissionDeadline<IO>>, E>> + Send
+    where
+        I: Stream<Item = Result<IO, E>> + Send,
+        IO: Send,
+        E: Send,
+    {
+        let first_call = self.first_call_timeout;
+        let deadlined =
+            incoming.map(move |conn| conn.map(|io| AdmissionDeadline::new(io, first_call)));
+        limit_connections(deadlined, self.max_connections)
+    }
+
     /// A tonic server builder with the per-connection limits: streams per connection and the
     /// call timeout.
     pub fn server(&self) -> tonic::transport::Server {
@@ -426,7 +454,9 @@ impl CaLimits {
 }
 
 /// A gRPC service that serves at most a fixed number of calls at once and refuses the rest
-/// with `RESOURCE_EXHAUSTED` (made by [`CaLimits::service`]). Clones share the count.
+/// with `RESOURCE_EXHAUSTED` (made by [`CaLimits::service`]). Clones share the count. A call
+/// that succeeds admits its connection's [`Admission`], when it has one (see
+/// [`CaLimits::first_call_timeout`]).
 #[derive(Debug, Clone)]
 pub struct ConcurrencyLimited<S> {
     inner: S,
@@ -478,9 +508,20 @@ where
         // The clone that was made ready serves this call; a fresh clone stays for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let admission = req.extensions().get::<Admission>().cloned();
         Box::pin(async move {
             let response = inner.call(req).await;
             drop(permit);
+            // A failed call answers with its status in the headers (trailers-only); a
+            // successful one has it in the trailers.
+            if let (Some(admission), Ok(response)) = (admission, &response)
+                && response
+                    .headers()
+                    .get("grpc-status")
+                    .is_none_or(|code| code == "0")
+            {
+                admission.admit();
+            }
             response
         })
     }

@@ -352,10 +352,7 @@ impl ControlPlane {
         }));
         let stopped = stop_signal(&stop);
         tasks.push(tokio::spawn(async move {
-            let incoming = ca::limit_connections(
-                tls::incoming(ca_listener, acceptor, per_source),
-                ca_limits.max_connections,
-            );
+            let incoming = ca_limits.connections(tls::incoming(ca_listener, acceptor, per_source));
             let result = ca_limits
                 .server()
                 .add_service(ca_limits.service(signer))

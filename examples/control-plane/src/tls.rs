@@ -336,11 +336,6 @@ impl AsyncWrite for Conn {
     }
 }
 
-impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
-}
-
 /// The connections of `listener`, through TLS when `tls` is set. Each handshake runs on its
 /// own task with `timeout`, at most `max` at once, so a silent client delays no one; at most
 /// `per_source` connections are open from one source (IPv4 address or IPv6 /64), more are

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use meshkit_control_plane::ca::{self, CaLimits, TokenGrants, TokenSigner};
+use meshkit_control_plane::ca::{CaLimits, TokenGrants, TokenSigner};
 use meshkit_identity::istio::{IstioCaClient, IstioCertificateRequest, IstioCertificateResponse};
 use meshkit_identity::{
     CaClient, CaError, CaSigner, CertificateRequest, SpiffeId, TrustDomain, generate_csr,
@@ -32,8 +32,7 @@ async fn start(limits: CaLimits) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        let incoming =
-            ca::limit_connections(TcpListenerStream::new(listener), limits.max_connections);
+        let incoming = limits.connections(TcpListenerStream::new(listener));
         limits
             .server()
             .add_service(limits.service(signer))
@@ -182,4 +181,118 @@ async fn a_connection_beyond_max_connections_is_closed_and_the_open_one_carries_
         .expect_err("a second connection was served");
     assert!(matches!(err, CaError::Unavailable(_)), "{err}");
     honest(first).await;
+}
+
+#[tokio::test]
+async fn streams_per_connection_are_capped_by_http2_settings() {
+    let mut limits = CaLimits::default();
+    limits.max_streams_per_connection = 1;
+    let addr = start(limits).await;
+    let ch = channel(addr).await;
+    let (tx, held) = hold(ch.clone()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The held call has the connection's one stream: an honest call on it waits.
+    let waiting = tokio::spawn(honest(ch));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a second stream was opened at once");
+    drop(tx);
+    let _ = held.await;
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("served once the first stream is gone")
+        .unwrap();
+}
+
+/// A `CreateCertificate` call on the raw HTTP/2 connection `h2` with `token`; the answer's
+/// grpc-status (from the headers of a refusal, the trailers of a success).
+async fn raw_call(h2: &mut h2::client::SendRequest<bytes::Bytes>, token: &str) -> String {
+    use prost::Message;
+    let (csr, _key) = generate_csr(&web()).unwrap();
+    let message = IstioCertificateRequest {
+        csr,
+        validity_duration: 3600,
+    }
+    .encode_to_vec();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(&message);
+    let request = tonic::codegen::http::Request::post(
+        "http://ca/istio.v1.auth.IstioCertificateService/CreateCertificate",
+    )
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("authorization", format!("Bearer {token}"))
+    .body(())
+    .unwrap();
+    *h2 = h2.clone().ready().await.unwrap();
+    let (response, mut send) = h2.send_request(request, false).unwrap();
+    send.send_data(body.into(), true).unwrap();
+    let response = response.await.unwrap();
+    if let Some(code) = response.headers().get("grpc-status") {
+        return code.to_str().unwrap().to_owned();
+    }
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await.unwrap().expect("trailers");
+    trailers["grpc-status"].to_str().unwrap().to_owned()
+}
+
+/// A raw HTTP/2 connection to `addr` and the task driving it, which ends when the server
+/// closes the connection.
+async fn raw_connection(
+    addr: SocketAddr,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    (h2, tokio::spawn(connection))
+}
+
+#[tokio::test]
+async fn a_connection_without_a_successful_call_is_closed_at_the_first_call_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut limits = CaLimits::default();
+    limits.first_call_timeout = Duration::from_millis(500);
+    let addr = start(limits).await;
+
+    // Silent after the HTTP/2 preface.
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    silent
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    // Refused calls only.
+    let (mut refused, refused_connection) = raw_connection(addr).await;
+    for _ in 0..2 {
+        let code = raw_call(&mut refused, "not-a-token").await;
+        assert_eq!(code, (tonic::Code::Unauthenticated as i32).to_string());
+    }
+    // One successful call: the connection stays past the deadline.
+    let (mut served, served_connection) = raw_connection(addr).await;
+    assert_eq!(raw_call(&mut served, TOKEN).await, "0");
+
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(n) = silent.read(&mut buf).await
+            && n > 0
+        {}
+    })
+    .await
+    .expect("the silent connection is closed");
+    tokio::time::timeout(Duration::from_secs(10), refused_connection)
+        .await
+        .expect("the refused connection is closed")
+        .unwrap()
+        .ok();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !served_connection.is_finished(),
+        "the served connection was closed"
+    );
+    assert_eq!(raw_call(&mut served, TOKEN).await, "0", "and still serves");
 }

@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::access::{AccessPolicy, Guard};
+use crate::admission::{Admission, AdmissionDeadline};
 use crate::config::ServerConfig;
 pub use crate::delta::DeltaStream;
 use crate::error::RequestError;
@@ -284,11 +285,12 @@ impl AdsServer {
         IE: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (connections, max) = (Gauge::default(), self.config.max_connections);
+        let first_stream = self.config.first_stream_timeout;
         let incoming = incoming.filter_map(move |io| {
             let io = match io {
                 Ok(io) => match connections.try_acquire(max) {
                     Some(permit) => Some(Ok(Io {
-                        io,
+                        io: AdmissionDeadline::new(io, first_stream),
                         _permit: Some(permit),
                     })),
                     None => {
@@ -365,6 +367,7 @@ impl AggregatedDiscoveryService for AdsServer {
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         let permit = self.stream_permit()?;
         let guard = self.admit(request.metadata())?;
+        admitted(&request);
         Ok(Response::new(Box::pin(permit.hold(
             self.open::<SotwStream>(request.into_inner(), guard),
         ))))
@@ -376,6 +379,7 @@ impl AggregatedDiscoveryService for AdsServer {
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
         let permit = self.stream_permit()?;
         let guard = self.admit(request.metadata())?;
+        admitted(&request);
         Ok(Response::new(Box::pin(permit.hold(
             self.open::<DeltaStream>(request.into_inner(), guard),
         ))))
@@ -406,6 +410,13 @@ impl AdsServer {
                 }
             },
         }
+    }
+}
+
+/// Lifts the first-stream deadline of the connection `request` came on.
+fn admitted<T>(request: &Request<T>) {
+    if let Some(admission) = request.extensions().get::<Admission>() {
+        admission.admit();
     }
 }
 

@@ -26,6 +26,7 @@ pub struct ServerConfig {
     pub(crate) keepalive_interval: Option<Duration>,
     pub(crate) keepalive_timeout: Duration,
     pub(crate) tcp_nodelay: bool,
+    pub(crate) first_stream_timeout: Duration,
 }
 
 // === impl ServerConfig ===
@@ -44,6 +45,7 @@ impl Default for ServerConfig {
             keepalive_interval: Some(Duration::from_secs(10)),
             keepalive_timeout: Duration::from_secs(20),
             tcp_nodelay: true,
+            first_stream_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -134,6 +136,17 @@ impl ServerConfig {
     /// responses.
     pub fn tcp_nodelay(mut self, enabled: bool) -> Self {
         self.tcp_nodelay = enabled;
+        self
+    }
+
+    /// How long a connection served by [`AdsServer::serve`](crate::AdsServer::serve) and
+    /// [`serve_with_incoming`](crate::AdsServer::serve_with_incoming) has to open its first
+    /// stream that the server admits (past [`max_streams`](Self::max_streams) and the
+    /// [`AccessPolicy`](crate::AccessPolicy)); a connection that opens none in time (silent
+    /// after its handshake, or with refused credentials only) is closed. Once one stream is
+    /// admitted the deadline is gone for good. Default 10 s.
+    pub fn first_stream_timeout(mut self, timeout: Duration) -> Self {
+        self.first_stream_timeout = timeout;
         self
     }
 }

@@ -6,20 +6,26 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::admission::{Admission, AdmissionDeadline};
+
 /// A connection of [`AdsServer::serve_with_incoming`](crate::AdsServer::serve_with_incoming).
 /// tonic wants its `Connected` trait on every connection, which TLS streams of other crates
-/// do not implement; the service reads nothing from the connection info, so none is given.
-/// It holds its place among [`ServerConfig::max_connections`](crate::ServerConfig::max_connections)
+/// do not implement; the connection info is the connection's [`Admission`], which the
+/// service marks when it admits a stream, under the deadline of
+/// [`ServerConfig::first_stream_timeout`](crate::ServerConfig::first_stream_timeout). It
+/// holds its place among [`ServerConfig::max_connections`](crate::ServerConfig::max_connections)
 /// until it is dropped.
 pub(crate) struct Io<T> {
-    pub(crate) io: T,
+    pub(crate) io: AdmissionDeadline<T>,
     pub(crate) _permit: Option<crate::limits::Permit>,
 }
 
 impl<T> tonic::transport::server::Connected for Io<T> {
-    type ConnectInfo = ();
+    type ConnectInfo = Admission;
 
-    fn connect_info(&self) -> Self::ConnectInfo {}
+    fn connect_info(&self) -> Admission {
+        self.io.admission().clone()
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Io<T> {

@@ -82,6 +82,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod access;
+pub mod admission;
 pub mod ads;
 mod config;
 mod delta;
@@ -107,6 +108,7 @@ pub mod envoy {
 }
 
 pub use access::{AccessPolicy, StreamAccess};
+pub use admission::{Admission, AdmissionDeadline};
 pub use ads::{AdsServer, DeltaStream, SotwStream};
 pub use config::ServerConfig;
 pub use error::RequestError;

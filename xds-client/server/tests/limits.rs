@@ -330,3 +330,98 @@ async fn a_delta_stream_past_its_names_ends_with_resource_exhausted() {
     };
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
 }
+
+/// The HTTP/2 client preface and an empty SETTINGS frame: all a silent client sends.
+const H2_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Reads what the server sends until it closes; how long that took, or `None` after `wait`.
+async fn closed_after(tcp: &mut tokio::net::TcpStream, wait: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let start = tokio::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(wait, async {
+        while let Ok(n) = tcp.read(&mut buf).await
+            && n > 0
+        {}
+    })
+    .await
+    .ok()
+    .map(|()| start.elapsed())
+}
+
+#[tokio::test]
+async fn a_connection_that_opens_no_stream_is_closed_at_the_first_stream_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let timeout = Duration::from_millis(500);
+    let s = start(ServerConfig::default().first_stream_timeout(timeout), 1).await;
+    let mut silent = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    silent.write_all(H2_HELLO).await.unwrap();
+    // A client that opened a stream meanwhile keeps it past the deadline.
+    let ch = channel(s.addr).await.unwrap();
+    let mut admitted = open_sotw(ch).await.unwrap();
+    first(&mut admitted).await.unwrap();
+
+    let closed = closed_after(&mut silent, Duration::from_secs(10))
+        .await
+        .expect("the silent connection is closed");
+    assert!(
+        closed >= timeout - Duration::from_millis(100),
+        "closed early: {closed:?}"
+    );
+
+    // Pushes still reach the admitted stream after the deadline.
+    let mut b = SnapshotBuilder::new();
+    b.add_any(
+        A,
+        "a2",
+        Any {
+            type_url: A.into(),
+            value: vec![1],
+        },
+    );
+    s.cache.set(b.build());
+    let pushed = first(&mut admitted).await.unwrap();
+    assert_eq!(pushed.resources.len(), 1);
+}
+
+#[tokio::test]
+async fn a_connection_whose_streams_are_all_refused_is_closed_at_the_first_stream_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refuse_all = |_: &tonic::metadata::MetadataMap| {
+        Err::<Box<dyn meshkit_xds_server::StreamAccess>, _>(tonic::Status::unauthenticated(
+            "no credentials",
+        ))
+    };
+    let ads = AdsServer::new(SnapshotCache::default())
+        .with_config(ServerConfig::default().first_stream_timeout(Duration::from_millis(500)))
+        .with_access(refuse_all);
+    tokio::spawn(ads.serve(listener, std::future::pending()));
+
+    // A raw HTTP/2 client, so the connection is observed, not a pool that redials.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    for _ in 0..3 {
+        let request = http::Request::post(format!(
+            "http://{addr}/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, _send) = client.send_request(request, false).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(
+            response.headers()["grpc-status"],
+            (Code::Unauthenticated as i32).to_string().as_str(),
+            "refused"
+        );
+        client = client.ready().await.unwrap();
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(10), connection)
+        .await
+        .expect("the server closes the connection");
+    drop(ended);
+}
