@@ -1,5 +1,6 @@
 //! One client connection: the HTTP version told within a bound, hyper serving it under the
-//! gateway's limits, and the connection closed once it stays without a request in flight.
+//! gateway's limits, the connection closed once it stays without a request in flight, and
+//! ended when a write to it stalls for the write-stall timeout (the client stopped reading).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,6 +16,7 @@ use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
 
 use crate::GatewaySettings;
 use crate::proxy::Body;
@@ -56,12 +58,15 @@ pub(crate) async fn serve<IO>(
         }
     };
     let h2 = sniffed == H2_PREFACE.len() && preface == *H2_PREFACE;
-    let io = TokioIo::new(Prefixed {
-        prefix: preface,
-        start: 0,
-        end: sniffed,
-        io,
-    });
+    let io = TokioIo::new(WriteStall::new(
+        Prefixed {
+            prefix: preface,
+            start: 0,
+            end: sniffed,
+            io,
+        },
+        settings.write_stall_timeout,
+    ));
 
     let activity = Arc::new(Activity::new());
     let in_flight = activity.clone();
@@ -296,5 +301,124 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// The connection hyper serves, with its writes bounded in time: a write, flush or shutdown
+/// that has to wait (the peer's receive window and the socket's send buffer are full) starts
+/// a timer, any of them that makes progress stops it, and once it fires the waiting call
+/// fails with [`io::ErrorKind::TimedOut`], which ends the connection (hyper drops what it
+/// was serving, the backend connection of an unfinished answer with it).
+///
+/// Cheap on the way that does not wait: one branch per call. The timer is allocated the
+/// first time a write waits and reset, not reallocated, for every later stall.
+struct WriteStall<IO> {
+    io: IO,
+    timeout: Duration,
+    /// The timer, once a write has had to wait.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// Whether `timer` counts the current stall (else it is left over from an earlier one).
+    stalled: bool,
+}
+
+impl<IO> WriteStall<IO> {
+    fn new(io: IO, timeout: Duration) -> Self {
+        Self {
+            io,
+            timeout,
+            timer: None,
+            stalled: false,
+        }
+    }
+
+    /// What a call to the connection's write side returned, seen by the stall timer:
+    /// `progress` when it moved bytes on (or finished), a timeout once a wait has lasted
+    /// too long.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<io::Result<T>>,
+        progress: impl FnOnce(&T) -> bool,
+    ) -> Poll<io::Result<T>> {
+        match poll {
+            Poll::Ready(Ok(value)) => {
+                if progress(&value) {
+                    self.stalled = false;
+                }
+                Poll::Ready(Ok(value))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                let timer = match &mut self.timer {
+                    Some(timer) => {
+                        if !self.stalled {
+                            timer.as_mut().reset(Instant::now() + self.timeout);
+                        }
+                        timer
+                    }
+                    None => self
+                        .timer
+                        .insert(Box::pin(tokio::time::sleep(self.timeout))),
+                };
+                self.stalled = true;
+                // Polled now, so that the timer wakes the connection even if the socket
+                // never does.
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "client stopped reading: write stalled",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for WriteStall<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for WriteStall<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.watch(cx, poll, |&n| n > 0)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.watch(cx, poll, |&n| n > 0)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_flush(cx);
+        this.watch(cx, poll, |()| true)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.watch(cx, poll, |()| true)
     }
 }

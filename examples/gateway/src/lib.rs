@@ -17,8 +17,8 @@
 //!   replaced). Answers name the backend ([`BACKEND_WORKLOAD`], [`BACKEND_IDENTITY`]) only
 //!   with [`GatewaySettings::expose_backend_headers`].
 //! - **Limits.** Connections, the protocol sniff, request heads, idle connections, HTTP/2
-//!   PINGs and streams, request bodies (size and time) and the backend's answer are each
-//!   bounded; [`GatewaySettings`] lists every bound with its default.
+//!   PINGs and streams, request bodies (size and time), writes to a client that stopped
+//!   reading, and the backend's answer are each bounded; [`GatewaySettings`] lists every bound with its default.
 //! - **Connection reuse.** A backend connection (HTTP/1.1 in a tunnel of its own) goes back
 //!   to a pool per endpoint once its response has been read to the end, and serves later
 //!   requests from any client; one that closed meanwhile hands its request to a new tunnel.
@@ -118,10 +118,11 @@ pub struct GatewayConfig {
 /// | [`header_read_timeout`](Self::header_read_timeout) | 30 s | an HTTP/1 request head, and the wait for the next one on a keep-alive connection |
 /// | [`max_header_bytes`](Self::max_header_bytes) | 32 KiB | an HTTP/1 request head (431), an HTTP/2 header list |
 /// | [`idle_timeout`](Self::idle_timeout) | 60 s | a client connection with no request in flight |
+/// | [`write_stall_timeout`](Self::write_stall_timeout) | 30 s | a write to a client that does not read (no byte taken) |
 /// | [`http2_keepalive_interval`](Self::http2_keepalive_interval), [`http2_keepalive_timeout`](Self::http2_keepalive_timeout) | 30 s, 10 s | an HTTP/2 client that stops answering PINGs |
 /// | [`http2_max_concurrent_streams`](Self::http2_max_concurrent_streams) | 200 | streams open at once on one HTTP/2 connection |
 /// | [`max_request_body_bytes`](Self::max_request_body_bytes) | 16 MiB | a request body (413) |
-/// | [`request_body_timeout`](Self::request_body_timeout) | 60 s | receiving a request body, from the start of forwarding to its end (408) |
+/// | [`request_body_timeout`](Self::request_body_timeout) | 60 s | receiving a request body, from when it starts to go to the backend (its first read, once a tunnel is open) to its end (408) |
 /// | [`response_timeout`](Self::response_timeout) | 30 s | the backend's answer, from the end of the request body to the response head (504) |
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -163,6 +164,13 @@ pub struct GatewaySettings {
     /// being sent counts as in flight) before the gateway closes it: HTTP/2 with a GOAWAY,
     /// HTTP/1 at once. Default: 60 s.
     pub idle_timeout: Duration,
+    /// How long a write to a client connection may wait without a byte taken (the client
+    /// stopped reading, so its socket is full) before the gateway closes the connection and
+    /// drops the backend connection the answer came from. Counted from the first write that
+    /// has to wait; any progress starts it over, so a slow reader that keeps reading is not
+    /// cut off. HTTP/1 and HTTP/2 alike (an HTTP/2 stream whose flow-control window is
+    /// closed does not write, so it does not count). Default: 30 s.
+    pub write_stall_timeout: Duration,
     /// How often the gateway PINGs an HTTP/2 client; `None`: never. Default: 30 s.
     pub http2_keepalive_interval: Option<Duration>,
     /// How long an HTTP/2 client may take to answer a PING before its connection is closed.
@@ -174,8 +182,9 @@ pub struct GatewaySettings {
     /// anything is forwarded; a body without one that grows past it is cut off and the
     /// client gets 413 (the backend sees the request fail). Default: 16 MiB.
     pub max_request_body_bytes: u64,
-    /// How long the gateway waits for the whole request body, from when it starts
-    /// forwarding the request; a body that takes longer is cut off and the client gets 408.
+    /// How long the gateway waits for the whole request body, from when the body starts to
+    /// go to the backend (its first read, once an endpoint is chosen and its tunnel open: that
+    /// time is not the client's); a body that takes longer is cut off and the client gets 408.
     /// Separate from [`response_timeout`](Self::response_timeout), which starts only once
     /// the body has been sent. Default: 60 s.
     pub request_body_timeout: Duration,
@@ -210,6 +219,7 @@ impl GatewaySettings {
             header_read_timeout: Duration::from_secs(30),
             max_header_bytes: 32 * 1024,
             idle_timeout: Duration::from_secs(60),
+            write_stall_timeout: Duration::from_secs(30),
             http2_keepalive_interval: Some(Duration::from_secs(30)),
             http2_keepalive_timeout: Duration::from_secs(10),
             http2_max_concurrent_streams: 200,
@@ -278,6 +288,12 @@ impl GatewaySettings {
     /// Sets how long a client connection may stay with no request in flight.
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
+        self
+    }
+
+    /// Sets how long a write to a client may wait without progress.
+    pub fn with_write_stall_timeout(mut self, timeout: Duration) -> Self {
+        self.write_stall_timeout = timeout;
         self
     }
 

@@ -1,10 +1,12 @@
 //! The gateway's bounds on what one client can hold (issue 12, items 4 and 16): the protocol
 //! sniff, HTTP/1 heads (plain and after TLS), request bodies (size and time, apart from the
-//! response timeout), the connection cap, HTTP/2 idleness and keepalive, and the forwarding
-//! and backend headers a client may set or see.
+//! response timeout, and counted from when the body starts to go to the backend), the
+//! connection cap, HTTP/2 idleness and keepalive, clients that stop reading an answer (the
+//! write-stall timeout), and the forwarding and backend headers a client may set or see.
 
 mod support;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -123,6 +125,139 @@ async fn the_response_timeout_starts_after_the_upload() {
     }
     let line = status_line(&mut sock, 5 * SECOND).await;
     assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
+}
+
+/// A TCP relay on loopback to port `to` that holds each connection back for `delay` before
+/// it passes anything on: an HBONE server whose tunnels take that long to open. Its port.
+fn slow_relay(to: u16, delay: Duration) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind relay");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    let listener = tokio::net::TcpListener::from_std(listener).expect("relay listener");
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", to)).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn the_body_timeout_starts_when_the_body_starts_to_go_to_the_backend() {
+    // The tunnel takes 1.5 s to open and the body 2.2 s to arrive: past a body timeout of
+    // 1.5 s counted from the request head, within it counted from the body's first read
+    // (once the tunnel is open), which is when the gateway starts it.
+    let h = start(|s| {
+        let relay = slow_relay(s.hbone_port, Duration::from_millis(1500));
+        s.with_hbone_port(relay)
+            .with_request_body_timeout(Duration::from_millis(1500))
+    })
+    .await;
+    let mut sock = post_head(h.http, 10).await;
+    for b in b"0123456789" {
+        tokio::time::sleep(Duration::from_millis(220)).await;
+        if sock.write_all(&[*b]).await.is_err() {
+            // Answered (and closed) before the body's end: the status says why.
+            break;
+        }
+    }
+    let line = status_line(&mut sock, 5 * SECOND).await;
+    assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
+}
+
+/// A connection to `addr` with a small receive buffer, so that an answer it does not read
+/// backs up into the gateway after a few MiB.
+async fn small_buffer_connect(addr: SocketAddr) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.set_recv_buffer_size(64 * 1024)
+        .expect("receive buffer");
+    sock.connect(addr).await.expect("connect")
+}
+
+/// Reads (and drops) until the gateway ends the connection (EOF or reset) or `within`
+/// passes: the bytes read, and whether it ended.
+async fn drain(sock: &mut TcpStream, within: Duration) -> (usize, bool) {
+    let mut total = 0;
+    let mut buf = vec![0u8; 1 << 16];
+    let ended = tokio::time::timeout(within, async {
+        loop {
+            match sock.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (total, ended)
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_after_the_write_stall_timeout() {
+    let h = start(|s| s.with_write_stall_timeout(Duration::from_millis(300))).await;
+    // HTTP/1.1: the head of a 64 MiB answer, then nothing read.
+    let mut h1 = small_buffer_connect(h.http).await;
+    let get = format!("GET /huge HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+    h1.write_all(get.as_bytes()).await.expect("request");
+    let line = status_line(&mut h1, 5 * SECOND).await;
+    assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
+    // HTTP/2: windows opened wide, so that only the socket holds the answer back; its
+    // HEADERS, then nothing read.
+    let mut h2 = small_buffer_connect(h.http).await;
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE 2^31-1, and the connection window to match.
+    out.extend(frame(0x4, 0, 0, &[0, 4, 0x7f, 0xff, 0xff, 0xff]));
+    out.extend(frame(0x8, 0, 0, &(0x7fff_ffff_u32 - 65_535).to_be_bytes()));
+    let mut block = get_block();
+    // :path /huge instead of / (literal with indexed name 4).
+    block[2] = 0x04;
+    block.insert(3, 5);
+    block.splice(4..4, *b"/huge");
+    out.extend(frame(HEADERS, END_HEADERS | END_STREAM, 1, &block));
+    h2.write_all(&out).await.expect("requests");
+    let answered = tokio::time::timeout(5 * SECOND, async {
+        loop {
+            let mut head = [0u8; 9];
+            h2.read_exact(&mut head).await.expect("frame head");
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            h2.read_exact(&mut payload).await.expect("frame payload");
+            if head[3] == HEADERS && head[5..9] == [0, 0, 0, 1] {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(answered.is_ok(), "no HTTP/2 answer head");
+    // Meanwhile an honest client reads a whole 4 MiB answer.
+    let big = http::Request::get("/big")
+        .header("host", HOST)
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let (answer, ()) = tokio::join!(
+        tokio::time::timeout(5 * SECOND, request(h.http, big)),
+        tokio::time::sleep(2 * SECOND + SECOND / 2),
+    );
+    let answer = answer.expect("honest answer in time");
+    assert_eq!((answer.status, answer.body.len()), (200, 4 << 20));
+    // By now the gateway has given up on both: what the sockets held, then the end.
+    let ((read1, ended1), (read2, ended2)) =
+        tokio::join!(drain(&mut h1, 6 * SECOND), drain(&mut h2, 6 * SECOND));
+    assert!(
+        ended1 && read1 < HUGE,
+        "HTTP/1.1: {read1} bytes, ended: {ended1}"
+    );
+    assert!(
+        ended2 && read2 < HUGE,
+        "HTTP/2: {read2} bytes, ended: {ended2}"
+    );
+    honest(h.http).await;
 }
 
 #[tokio::test]

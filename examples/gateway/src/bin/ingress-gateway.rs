@@ -247,6 +247,10 @@ struct LimitArgs {
     /// Seconds a client connection may stay with no request in flight [default: 60].
     #[arg(long)]
     idle_timeout_seconds: Option<u64>,
+    /// Seconds a write to a client that stopped reading may wait before the connection is
+    /// closed [default: 30].
+    #[arg(long)]
+    write_stall_timeout_seconds: Option<u64>,
     /// `ADDRESS` or `ADDRESS/PREFIX` of a proxy in front of the gateway whose
     /// X-Forwarded-For and Forwarded are kept; from others they are replaced. Repeatable.
     #[arg(long = "trusted-proxy")]
@@ -277,6 +281,9 @@ impl LimitArgs {
         }
         if let Some(s) = self.idle_timeout_seconds {
             settings = settings.with_idle_timeout(secs(s));
+        }
+        if let Some(s) = self.write_stall_timeout_seconds {
+            settings = settings.with_write_stall_timeout(secs(s));
         }
         settings
             .with_trusted_proxies(self.trusted_proxies.iter().copied())

@@ -159,7 +159,7 @@ pub async fn start(tune: impl FnOnce(GatewaySettings) -> GatewaySettings) -> Har
 }
 
 /// The backend: reads the whole body and answers `got N` with the forwarding headers it saw
-/// (`x-seen-xff`, `x-seen-forwarded`). `/big` answers 4 MiB.
+/// (`x-seen-xff`, `x-seen-forwarded`). `/big` answers 4 MiB, `/huge` [`HUGE`] bytes.
 async fn serve_app(listener: TcpListener) {
     loop {
         let Ok((sock, _)) = listener.accept().await else {
@@ -169,16 +169,20 @@ async fn serve_app(listener: TcpListener) {
             let service = hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
                 let xff = req.headers().get("x-forwarded-for").cloned();
                 let forwarded = req.headers().get("forwarded").cloned();
-                let big = req.uri().path() == "/big";
+                let chunks = match req.uri().path() {
+                    "/big" => (4 << 20) / CHUNK.len(),
+                    "/huge" => HUGE / CHUNK.len(),
+                    _ => 0,
+                };
                 if req.uri().path() == "/stall" {
                     // Reads nothing and never answers.
                     std::future::pending::<()>().await;
                 }
                 let body = req.into_body().collect().await?.to_bytes();
-                let answer = if big {
+                let answer = if chunks > 0 {
                     AppBody {
                         first: None,
-                        chunks_left: (4 << 20) / CHUNK.len(),
+                        chunks_left: chunks,
                     }
                 } else {
                     AppBody {
@@ -201,6 +205,10 @@ async fn serve_app(listener: TcpListener) {
         });
     }
 }
+
+/// The length of the app's `/huge` answer: far more than the sockets between it and a
+/// client hold.
+pub const HUGE: usize = 64 << 20;
 
 /// One chunk of the app's big answer, shared by all of them (the app holds no answer in
 /// memory, so the memory the hostile tests see is the gateway's).
