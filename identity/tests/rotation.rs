@@ -1,16 +1,18 @@
 //! The SVID cache on paused tokio time: renewal before expiry, CA outages, deduplication, and
 //! TLS connections across a rotation.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
-    Authorize, BoxFuture, CaClient, CaError, CertificateRequest, RotationConfig, SpiffeId,
-    SpiffeVerifier, SvidCache, TlsSettings, TrustDomain, X509Svid, peer_spiffe_id,
+    Authorize, BoxFuture, CaClient, CaError, CertificateRequest, PeerRole, RotationConfig,
+    SpiffeId, SpiffeVerifier, SvidCache, SvidError, TlsSettings, TrustDomain, X509Svid,
+    check_validity, peer_spiffe_id,
 };
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{Instant, sleep};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -23,6 +25,34 @@ const WEB: &str = "spiffe://a.test/ns/shop/sa/web";
 
 fn ca() -> Arc<TestCa> {
     Arc::new(TestCa::new(TrustDomain::new("a.test").unwrap()))
+}
+
+/// Awaits `fut` for at most `limit` (simulated time in the paused tests), failing with `what`.
+async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: not within {limit:?}"),
+    }
+}
+
+/// A wall clock that follows tokio's paused clock: `SystemTime` stands still while paused
+/// tests jump ahead, so validity "now" is the start's wall time plus the simulated time since.
+struct SimulatedWallClock {
+    wall: SystemTime,
+    start: Instant,
+}
+
+impl SimulatedWallClock {
+    fn start() -> Self {
+        Self {
+            wall: SystemTime::now(),
+            start: Instant::now(),
+        }
+    }
+
+    fn now(&self) -> SystemTime {
+        self.wall + self.start.elapsed()
+    }
 }
 
 /// 1,000 s certificates renewed at half-life minus up to 10%, retried every 1 s doubling to 8 s.
@@ -64,7 +94,9 @@ async fn certificate_is_replaced_before_it_expires() {
     assert!(!rx.has_changed().unwrap());
     assert_eq!(ca.requests(), 1);
 
-    rx.changed().await.unwrap();
+    within(Duration::from_secs(600), "the first renewal", rx.changed())
+        .await
+        .unwrap();
     let elapsed = start.elapsed();
     assert!(
         elapsed >= Duration::from_secs(364) && elapsed <= Duration::from_secs(471),
@@ -77,7 +109,9 @@ async fn certificate_is_replaced_before_it_expires() {
     assert_eq!(cache.current(&id(WEB)).unwrap().leaf(), second.leaf());
 
     // And again, one renewal per lifetime half.
-    rx.changed().await.unwrap();
+    within(Duration::from_secs(600), "the second renewal", rx.changed())
+        .await
+        .unwrap();
     assert_eq!(ca.requests(), 3);
 }
 
@@ -88,13 +122,19 @@ async fn ca_outage_is_retried_with_capped_backoff_while_the_old_certificate_serv
     let mut rx = cache.get(&id(WEB)).await.unwrap();
     let first = rx.borrow_and_update().clone();
     ca.set_failing(true);
-    let start = Instant::now();
+    let clock = SimulatedWallClock::start();
 
     // Wait for the first renewal attempt (364..470 s from now), which fails.
-    while ca.requests() < 2 {
-        sleep(Duration::from_millis(100)).await;
-    }
-    assert!(Instant::now() - start <= Duration::from_secs(471));
+    within(
+        Duration::from_secs(471),
+        "the first renewal attempt",
+        async {
+            while ca.requests() < 2 {
+                sleep(Duration::from_millis(100)).await;
+            }
+        },
+    )
+    .await;
 
     // Retries after 1, 2, 4, then 8 s each (jitter adds up to 25% and the cap holds after it):
     // at +1..1.25, +3..3.75, +7..8.75, +15..16.75, then every 8 s: 14 in the next 100 s.
@@ -113,10 +153,17 @@ async fn ca_outage_is_retried_with_capped_backoff_while_the_old_certificate_serv
         first.leaf(),
         "the old SVID keeps serving"
     );
-    assert!(
-        first.not_after() > SystemTime::now(),
-        "and it is still valid"
+    // And it is still valid, on the clock that has moved with the outage (524..630 s into
+    // its 1,060 s lifetime): a peer verifying it now accepts it.
+    let now = clock.now();
+    check_validity(&rx.borrow(), now, Duration::ZERO).expect("and it is still valid");
+    let verifier = SpiffeVerifier::new(ca.bundle_set(), Authorize::Exact(id(WEB)));
+    let verified = verifier.verify(
+        rx.borrow().chain(),
+        PeerRole::Server,
+        UnixTime::since_unix_epoch(now.duration_since(SystemTime::UNIX_EPOCH).unwrap()),
     );
+    assert_eq!(verified, Ok(id(WEB)), "a peer accepts it at {now:?}");
 
     ca.set_failing(false);
     tokio::time::timeout(Duration::from_secs(9), rx.changed())
@@ -232,10 +279,13 @@ async fn open_connection_survives_rotation_and_new_ones_get_the_new_certificate(
     let connect = |server: Arc<rustls::ServerConfig>, client: Arc<rustls::ClientConfig>| async move {
         let (c, s) = tokio::io::duplex(16 * 1024);
         let name = ServerName::try_from("db.shop").unwrap();
-        let (c, s) = tokio::join!(
-            TlsConnector::from(client).connect(name, c),
-            TlsAcceptor::from(server).accept(s)
-        );
+        let (c, s) = within(Duration::from_secs(20), "the TLS handshake", async {
+            tokio::join!(
+                TlsConnector::from(client).connect(name, c),
+                TlsAcceptor::from(server).accept(s)
+            )
+        })
+        .await;
         let (c, mut s) = (c.unwrap(), s.unwrap());
         // An echo server on the accepted side.
         tokio::spawn(async move {
@@ -253,7 +303,9 @@ async fn open_connection_survives_rotation_and_new_ones_get_the_new_certificate(
     let mut old = connect(server.clone(), client.clone()).await;
     assert_eq!(old.get_ref().1.peer_certificates().unwrap()[0], first_leaf);
 
-    rx.changed().await.unwrap();
+    within(Duration::from_secs(600), "the renewal", rx.changed())
+        .await
+        .unwrap();
     let second_leaf = rx.borrow().leaf().clone();
     assert_ne!(second_leaf, first_leaf);
 
@@ -264,29 +316,83 @@ async fn open_connection_survives_rotation_and_new_ones_get_the_new_certificate(
     for conn in [&mut old, &mut new] {
         conn.write_all(b"still here").await.unwrap();
         let mut buf = [0; 10];
-        conn.read_exact(&mut buf).await.unwrap();
+        within(
+            Duration::from_secs(20),
+            "the echo",
+            conn.read_exact(&mut buf),
+        )
+        .await
+        .unwrap();
         assert_eq!(&buf, b"still here");
+    }
+}
+
+/// A CA that signs the CSR's key, as asked, but for another identity.
+struct Confused {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    issued: SpiffeId,
+}
+
+impl Confused {
+    fn new(issued: &str) -> Self {
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+        Self {
+            issuer: rcgen::Issuer::new(params, rcgen::KeyPair::generate().unwrap()),
+            issued: id(issued),
+        }
+    }
+}
+
+impl CaClient for Confused {
+    fn sign<'a>(
+        &'a self,
+        request: &'a CertificateRequest,
+    ) -> BoxFuture<'a, Result<Vec<CertificateDer<'static>>, CaError>> {
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(&request.csr_pem).unwrap();
+        let leaf = TestCa::leaf_params(&self.issued);
+        csr.params.subject_alt_names = leaf.subject_alt_names;
+        csr.params.not_before = leaf.not_before;
+        csr.params.not_after = leaf.not_after;
+        csr.params.is_ca = rcgen::IsCa::ExplicitNoCa;
+        csr.params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        let cert = csr.signed_by(&self.issuer).unwrap();
+        Box::pin(std::future::ready(Ok(vec![cert.der().clone()])))
     }
 }
 
 #[tokio::test]
 async fn wrong_identity_from_the_ca_is_refused() {
-    /// A CA that signs for someone else.
-    struct Confused(Arc<TestCa>);
-    impl CaClient for Confused {
+    let cache = SvidCache::new(Confused::new("spiffe://a.test/ns/other/sa/x"), config());
+    let err = cache.get(&id(WEB)).await.unwrap_err();
+    assert_eq!(
+        err,
+        CaError::WrongIdentity {
+            requested: id(WEB),
+            issued: id("spiffe://a.test/ns/other/sa/x"),
+        }
+    );
+    assert!(cache.current(&id(WEB)).is_none());
+}
+
+#[tokio::test]
+async fn a_certificate_for_another_key_from_the_ca_is_refused() {
+    /// A CA that returns a valid SVID of the right identity, for a key of its own.
+    struct OwnKey(Arc<TestCa>);
+    impl CaClient for OwnKey {
         fn sign<'a>(
             &'a self,
-            _request: &'a CertificateRequest,
+            request: &'a CertificateRequest,
         ) -> BoxFuture<'a, Result<Vec<CertificateDer<'static>>, CaError>> {
-            let svid: X509Svid = self.0.issue(id("spiffe://a.test/ns/other/sa/x"));
+            let svid: X509Svid = self.0.issue(request.id.clone());
             Box::pin(std::future::ready(Ok(svid.chain().to_vec())))
         }
     }
-    let cache = SvidCache::new(Confused(ca()), config());
-    // The returned chain does not even match the CSR's key; either way it is refused.
+    let cache = SvidCache::new(OwnKey(ca()), config());
     let err = cache.get(&id(WEB)).await.unwrap_err();
     assert!(
-        matches!(err, CaError::InvalidSvid(_) | CaError::WrongIdentity { .. }),
+        matches!(err, CaError::InvalidSvid(SvidError::Key(_))),
         "{err:?}"
     );
 }

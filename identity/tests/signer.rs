@@ -147,15 +147,23 @@ fn a_signed_csr_verifies_against_the_bundle_set() {
 #[test]
 fn the_leaf_follows_the_x509_svid_template() {
     let ca = ca();
+    let request = csr(WEB);
     let before = SystemTime::now();
-    let chain = ca.sign_csr(&csr(WEB), &id(WEB), HOUR).unwrap();
+    let chain = ca.sign_csr(&request, &id(WEB), HOUR).unwrap();
+    let after = SystemTime::now();
     let info = parse_leaf(&chain[0]).unwrap();
     assert_eq!(info.id, id(WEB));
-    // Backdated a minute, valid for the hour asked (whole seconds in X.509).
-    let backdate = secs_between(before, info.not_before);
-    assert!((59..=61).contains(&backdate), "{backdate}");
-    let lifetime = secs_between(info.not_after, before);
-    assert!((3599..=3601).contains(&lifetime), "{lifetime}");
+    // Backdated a minute from the moment of signing, which lies between `before` and `after`
+    // however slow the machine (whole seconds in X.509: rounded down).
+    let backdated = Duration::from_secs(60);
+    assert!(
+        info.not_before + backdated + Duration::from_secs(1) > before
+            && info.not_before + backdated <= after,
+        "not_before {:?} is not a minute before signing ({before:?}..{after:?})",
+        info.not_before
+    );
+    // Valid for the hour asked, counted from the signing moment.
+    assert_eq!(secs_between(info.not_after, info.not_before), 3600 + 60);
 
     let (_, cert) = X509Certificate::from_der(&chain[0]).unwrap();
     assert!(cert.subject().as_raw().len() <= 2, "empty subject");
@@ -380,25 +388,24 @@ fn garbage_and_forged_csrs_are_refused() {
 fn validity_is_capped_by_the_maximum() {
     let ca = ca();
     assert_eq!(ca.max_validity(), DEFAULT_MAX_VALIDITY);
-    let now = SystemTime::now();
+    // What was granted: the leaf's lifetime less its one-minute backdating, read from the
+    // certificate alone, so no wall-clock reading of this test enters.
+    let granted = |chain: &[CertificateDer<'_>]| {
+        let info = parse_leaf(&chain[0]).unwrap();
+        secs_between(info.not_after, info.not_before) - 60
+    };
     let month = Duration::from_secs(30 * 24 * 3600);
     let chain = ca.sign_csr(&csr(WEB), &id(WEB), month).unwrap();
-    let lifetime = secs_between(parse_leaf(&chain[0]).unwrap().not_after, now);
-    assert!(
-        (86399..=86401).contains(&lifetime),
-        "default cap 24 h: {lifetime}"
-    );
+    assert_eq!(granted(&chain), 86400, "default cap 24 h");
 
     let ca = ca.with_max_validity(HOUR);
     let chain = ca.sign_csr(&csr(WEB), &id(WEB), month).unwrap();
-    let lifetime = secs_between(parse_leaf(&chain[0]).unwrap().not_after, now);
-    assert!((3599..=3601).contains(&lifetime), "{lifetime}");
+    assert_eq!(granted(&chain), 3600);
     // Less than the cap is granted as asked.
     let chain = ca
         .sign_csr(&csr(WEB), &id(WEB), Duration::from_secs(600))
         .unwrap();
-    let lifetime = secs_between(parse_leaf(&chain[0]).unwrap().not_after, now);
-    assert!((599..=601).contains(&lifetime), "{lifetime}");
+    assert_eq!(granted(&chain), 600);
     // The intermediate keeps the cap.
     assert_eq!(ca.intermediate().unwrap().max_validity(), HOUR);
 }

@@ -1,8 +1,10 @@
 //! Mutual TLS handshakes with meshkit's verifiers, peer IDs after the handshake, and
 //! per-connection certificate selection over loopback sockets.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
@@ -55,6 +57,14 @@ impl Pki {
     }
 }
 
+/// Awaits `fut` for at most 20 s, failing with `what`: a handshake or an echo over loopback
+/// that takes longer is stuck.
+async fn bounded<F: Future>(what: &str, fut: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(20), fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within 20 s"))
+}
+
 fn name() -> ServerName<'static> {
     ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into())
 }
@@ -70,7 +80,10 @@ async fn handshake(
     let (c, s) = tokio::io::duplex(64 * 1024);
     let connector = TlsConnector::from(Arc::new(client));
     let acceptor = TlsAcceptor::from(Arc::new(server));
-    tokio::join!(connector.connect(name(), c), acceptor.accept(s))
+    bounded("the handshake", async {
+        tokio::join!(connector.connect(name(), c), acceptor.accept(s))
+    })
+    .await
 }
 
 fn typed(err: &std::io::Error) -> Option<VerifyError> {
@@ -106,7 +119,9 @@ async fn mutual_tls_succeeds_and_both_sides_see_the_peer_id() {
     client.write_all(b"ping").await.unwrap();
     client.flush().await.unwrap();
     let mut buf = [0; 4];
-    server.read_exact(&mut buf).await.unwrap();
+    bounded("the server reads", server.read_exact(&mut buf))
+        .await
+        .unwrap();
     assert_eq!(&buf, b"ping");
 }
 
@@ -201,19 +216,27 @@ async fn serve(
             });
         }
         for _ in 0..count {
-            let (sock, source) = rx.recv().await.unwrap();
+            let (sock, source) = bounded("a connection to serve", rx.recv())
+                .await
+                .expect("the listeners are open");
             let destination = sock.local_addr().unwrap();
             let selector = selector.clone();
             tokio::spawn(async move {
                 // Refused connections (no certificate for them) end here; the client sees it.
-                let Ok((mut tls, info)) = accept(&*selector, sock, source, destination).await
+                let Ok((mut tls, info)) = bounded(
+                    "the server handshake",
+                    accept(&*selector, sock, source, destination),
+                )
+                .await
                 else {
                     return;
                 };
                 assert_eq!(info.destination, destination);
                 assert_eq!(info.alpn, vec![b"h2".to_vec()]);
                 let mut buf = [0; 5];
-                tls.read_exact(&mut buf).await.unwrap();
+                bounded("the server reads", tls.read_exact(&mut buf))
+                    .await
+                    .unwrap();
                 tls.write_all(&buf).await.unwrap();
                 tls.shutdown().await.unwrap();
             });
@@ -221,7 +244,16 @@ async fn serve(
     })
 }
 
+/// Connects, sends `hello` and reads the echo; returns the server's ID. Bounded in time.
 async fn dial(
+    config: &ClientConfig,
+    addr: SocketAddr,
+    sni: Option<&str>,
+) -> std::io::Result<SpiffeId> {
+    bounded("the dial and echo", dial_unbounded(config, addr, sni)).await
+}
+
+async fn dial_unbounded(
     config: &ClientConfig,
     addr: SocketAddr,
     sni: Option<&str>,
@@ -264,7 +296,7 @@ async fn one_server_serves_the_certificate_of_the_dialled_destination() {
     // An address nobody owns any more gets no certificate: the handshake fails.
     selector.remove(&addr_a.ip());
     assert!(dial(&client, addr_a, None).await.is_err());
-    server.await.unwrap();
+    bounded("the server task", server).await.unwrap();
 }
 
 #[tokio::test]
@@ -287,14 +319,14 @@ async fn sni_selector_and_single_identity() {
     );
     // No fallback configured: an unknown name is refused.
     assert!(dial(&client, addr, Some("other.svc")).await.is_err());
-    server.await.unwrap();
+    bounded("the server task", server).await.unwrap();
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let single = SingleIdentity::new(pki.server(DB, Authorize::AnyTrusted));
     let server = serve(vec![listener], Arc::new(single), 1).await;
     assert_eq!(dial(&client, addr, None).await.unwrap(), id(DB));
-    server.await.unwrap();
+    bounded("the server task", server).await.unwrap();
 }
 
 #[test]
@@ -317,20 +349,27 @@ async fn a_second_connection_is_never_resumed() {
     let server = Arc::new(pki.server(DB, Authorize::Exact(id(WEB))));
     for round in 0..3 {
         let (c, s) = tokio::io::duplex(64 * 1024);
-        let (client_tls, server_tls) = tokio::join!(
-            TlsConnector::from(client.clone()).connect(name(), c),
-            TlsAcceptor::from(server.clone()).accept(s)
-        );
+        let (client_tls, server_tls) = bounded("the handshake", async {
+            tokio::join!(
+                TlsConnector::from(client.clone()).connect(name(), c),
+                TlsAcceptor::from(server.clone()).accept(s)
+            )
+        })
+        .await;
         let (mut client_tls, mut server_tls) = (client_tls.unwrap(), server_tls.unwrap());
         // Bytes both ways, so that any session ticket the server sent reaches the client
         // before the next round.
         server_tls.write_all(b"s").await.unwrap();
         server_tls.flush().await.unwrap();
         let mut byte = [0u8; 1];
-        client_tls.read_exact(&mut byte).await.unwrap();
+        bounded("the client reads", client_tls.read_exact(&mut byte))
+            .await
+            .unwrap();
         client_tls.write_all(b"c").await.unwrap();
         client_tls.flush().await.unwrap();
-        server_tls.read_exact(&mut byte).await.unwrap();
+        bounded("the server reads", server_tls.read_exact(&mut byte))
+            .await
+            .unwrap();
         assert_eq!(
             server_tls.get_ref().1.handshake_kind(),
             Some(rustls::HandshakeKind::Full),

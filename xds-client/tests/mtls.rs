@@ -1,5 +1,6 @@
 //! SPIFFE mutual TLS to the control plane (feature `identity`) against the fake server.
 
+use std::error::Error;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +8,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use meshkit_identity::test_util::TestCa;
-use meshkit_identity::{Authorize, SpiffeVerifier, TlsSettings, TrustDomain};
+use meshkit_identity::{
+    Authorize, SpiffeVerifier, TlsSettings, TrustDomain, VerifyError, verify_error,
+};
 use meshkit_xds_client::protocol::Mode;
 use meshkit_xds_client::testing::{FakeServer, Snapshot, SnapshotExt};
 use meshkit_xds_client::{ClientConfig, WatchEvent, XdsClient};
@@ -89,10 +92,37 @@ async fn server_with_the_wrong_identity_is_refused() {
         .give_up_after(Duration::from_millis(300));
     let (client, driver) = XdsClient::new(cfg);
     let _w = client.watch::<Cluster>("a");
-    let err = tokio::time::timeout(Duration::from_secs(10), driver.run())
+    let err = tokio::time::timeout(Duration::from_secs(20), driver.run())
         .await
-        .expect("in time")
+        .expect("the driver gives up within 20 s")
         .expect_err("refused");
     assert!(err.is_timeout(), "{err:?}");
+    // Any failure to connect would give up too: the cause must be our verifier refusing the
+    // server's identity, not a refused port, a TLS alert or a timeout.
+    let refusal = verify_error_in(&err).unwrap_or_else(|| panic!("no verifier error in {err:?}"));
+    assert_eq!(
+        refusal,
+        &VerifyError::Unauthorized(SERVER_ID.parse().unwrap()),
+        "{err:?}"
+    );
     assert!(server.delta_requests().is_empty());
+}
+
+/// The verifier's error behind `err`: the source chain leads to the TLS handshake's
+/// `io::Error`, whose payload is the `rustls::Error` carrying the [`VerifyError`]. An
+/// `io::Error`'s `source()` skips its payload, so the payload is read with `get_ref`.
+fn verify_error_in<'a>(err: &'a (dyn Error + 'static)) -> Option<&'a VerifyError> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        let tls = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(found) = tls.and_then(verify_error) {
+            return Some(found);
+        }
+        next = e.source();
+    }
+    None
 }

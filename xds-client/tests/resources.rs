@@ -9,6 +9,19 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use meshkit_xds_client::{Resource, ResourceType};
 use prost::{Message, Name};
 
+/// The reason `value` is rejected for; panics when it is accepted.
+fn rejection<T: Resource + std::fmt::Debug>(value: &T) -> String {
+    match value.validate() {
+        Err(e) => e.message().to_owned(),
+        Ok(()) => panic!("{value:?} is accepted"),
+    }
+}
+
+const NAME_IS_EMPTY: &str = "name is empty";
+const LISTENER_NEEDS_AN_ADDRESS: &str =
+    "address is required unless api_listener or listener_specifier is set";
+const CONNECT_TIMEOUT_NOT_POSITIVE: &str = "connect_timeout must be greater than 0";
+
 fn roundtrip<T: Resource + Message + Name + Default>(value: &T) -> T {
     assert_eq!(
         T::TYPE_URL,
@@ -46,9 +59,12 @@ fn listener_needs_an_address_or_api_listener() {
         name: "l".into(),
         ..Default::default()
     };
-    assert!(l.validate().is_err());
+    assert_eq!(rejection(&l), LISTENER_NEEDS_AN_ADDRESS);
     l.api_listener = Some(ApiListener::default());
-    assert!(l.validate().is_ok());
+    assert_eq!(l.validate(), Ok(()));
+    l.api_listener = None;
+    l.address = Some(Default::default());
+    assert_eq!(l.validate(), Ok(()));
 }
 
 #[test]
@@ -64,8 +80,7 @@ fn route_configuration_virtual_host_names_are_unique() {
     };
     assert!(r.validate().is_ok());
     r.virtual_hosts.push(vh("a"));
-    let err = r.validate().unwrap_err();
-    assert!(err.message().contains("duplicate virtual host"), "{err}");
+    assert_eq!(rejection(&r), r#"duplicate virtual host name "a""#);
 }
 
 #[test]
@@ -74,23 +89,27 @@ fn cluster_connect_timeout_must_be_positive() {
         name: "c".into(),
         ..Default::default()
     };
-    assert!(c.validate().is_ok());
-    c.connect_timeout = Some(PbDuration {
-        seconds: -1,
-        nanos: 0,
-    });
-    assert!(c.validate().is_err());
-    c.connect_timeout = Some(PbDuration {
-        seconds: 0,
-        nanos: 1,
-    });
-    assert!(c.validate().is_ok());
+    assert_eq!(c.validate(), Ok(()), "unset is Envoy's default");
+    for (seconds, nanos) in [(-1, 0), (0, 0), (0, -1), (1, -1)] {
+        c.connect_timeout = Some(PbDuration { seconds, nanos });
+        assert_eq!(
+            rejection(&c),
+            CONNECT_TIMEOUT_NOT_POSITIVE,
+            "{seconds} s {nanos} ns"
+        );
+    }
+    for (seconds, nanos) in [(0, 1), (1, 0)] {
+        c.connect_timeout = Some(PbDuration { seconds, nanos });
+        assert_eq!(c.validate(), Ok(()), "{seconds} s {nanos} ns");
+    }
 }
 
 #[test]
 fn empty_names_are_invalid() {
-    assert!(Cluster::default().validate().is_err());
-    assert!(ClusterLoadAssignment::default().validate().is_err());
-    assert!(Secret::default().validate().is_err());
-    assert!(RouteConfiguration::default().validate().is_err());
+    // The name is checked first: these would break no other rule, or (the listener) one more.
+    assert_eq!(rejection(&Cluster::default()), NAME_IS_EMPTY);
+    assert_eq!(rejection(&ClusterLoadAssignment::default()), NAME_IS_EMPTY);
+    assert_eq!(rejection(&Secret::default()), NAME_IS_EMPTY);
+    assert_eq!(rejection(&RouteConfiguration::default()), NAME_IS_EMPTY);
+    assert_eq!(rejection(&Listener::default()), NAME_IS_EMPTY);
 }
