@@ -221,7 +221,9 @@ impl IdentityProvider for X509Svid {
 pub struct ClientConfig {
     /// HTTP/2 settings (windows, frame size, keepalive).
     pub h2: H2Settings,
-    /// Tunnels per connection before another connection is opened. Default: 100.
+    /// Tunnels per connection before another connection is opened. Default: 100. A peer that
+    /// allows fewer concurrent streams (SETTINGS_MAX_CONCURRENT_STREAMS) gets as many as it
+    /// allows per connection.
     pub max_streams_per_connection: usize,
     /// A pooled connection without tunnels for this long is closed. Default: 60 s.
     pub idle_timeout: Duration,
@@ -303,12 +305,17 @@ impl ClientConfig {
 /// An HBONE client: opens [`Tunnel`]s to [`Target`]s over pooled connections.
 ///
 /// - Connections are keyed by (local identity, acceptable peer identities, peer address) and
-///   carry up to [`ClientConfig::max_streams_per_connection`] tunnels each; then another
-///   connection is opened.
+///   carry up to [`ClientConfig::max_streams_per_connection`] tunnels each, or as many as the
+///   peer allows at once if that is fewer; then another connection is opened.
 /// - One handshake per key runs at a time; other callers for that key wait for it and then
 ///   share the new connection.
-/// - Connections that received GOAWAY, failed, stopped answering PINGs or stayed idle past the
-///   idle timeout leave the pool.
+/// - Connections that failed, stopped answering PINGs or stayed idle past the idle timeout
+///   leave the pool. So does one that received GOAWAY, at the latest when a request finds it
+///   so; the tunnels open on it go on until they end.
+/// - A request that finds its pooled connection gone (GOAWAY, I/O error) is sent once more, on
+///   another connection. So is a request the peer did not process (REFUSED_STREAM, or left out
+///   by a GOAWAY), even on a connection made for it, as RFC 9113 section 8.7 allows: at most
+///   two attempts per [`Client::open`].
 /// - A key whose local identity's certificate source has ended (a rotating SVID whose
 ///   [`SvidCache`] forgot the identity) is dropped with its connections and cached TLS
 ///   configuration: the next tunnel for it asks the [`IdentityProvider`] again, on a new
@@ -514,8 +521,10 @@ impl<C: Connect> Client<C> {
     pub async fn open(&self, target: Target) -> Result<Tunnel, Error> {
         let key = target.pool_key();
         let entry = lock(&self.inner.pool).entry(key);
-        // A pooled connection may turn out to be gone (GOAWAY, reset): then try a new one once.
-        // A failure on a connection made for this very request is final.
+        // A pooled connection may turn out to be gone (GOAWAY, reset): then try another once.
+        // A request the peer did not process (REFUSED_STREAM, or left out by its GOAWAY) is
+        // tried once more on another connection even when this one was made for it (RFC 9113
+        // section 8.7); any other failure of a connection made for this request is final.
         for attempt in 0..2 {
             let (conn, slot, fresh) =
                 match checkout(&entry, self.inner.config.max_streams_per_connection) {
@@ -536,10 +545,10 @@ impl<C: Connect> Client<C> {
             match self.open_stream(&conn, slot, &target).await {
                 Err(e) if e.is_connection_gone() => {
                     conn.state.closed.store(true, Ordering::SeqCst);
-                    if fresh || attempt == 1 {
+                    if attempt == 1 || (fresh && !e.is_unprocessed()) {
                         return Err(e);
                     }
-                    tracing::debug!(peer = %target.peer, error = %ErrorChain(&e), "pooled HBONE connection gone; retrying");
+                    tracing::debug!(peer = %target.peer, error = %ErrorChain(&e), "HBONE request not served on this connection; retrying on another");
                 }
                 result => return result,
             }
@@ -677,12 +686,19 @@ impl<C: Connect> Client<C> {
 }
 
 /// A usable pooled connection with a free slot, reserved; drops connections that closed.
+///
+/// A connection's slots are the fewer of `max_streams` and the streams its peer allows at
+/// once (its SETTINGS_MAX_CONCURRENT_STREAMS, unlimited until its SETTINGS arrive): a tunnel
+/// past the peer's limit would only wait, in h2, for another tunnel to end.
 fn checkout(entry: &Entry, max_streams: usize) -> Option<(Arc<Conn>, Slot)> {
     let mut conns = lock(&entry.conns);
     conns.retain(|c| !c.state.closed.load(Ordering::SeqCst));
     let conn = conns
         .iter()
-        .find(|c| c.state.active.load(Ordering::SeqCst) < max_streams)?
+        .find(|c| {
+            let slots = max_streams.min(c.send.current_max_send_streams());
+            c.state.active.load(Ordering::SeqCst) < slots
+        })?
         .clone();
     let slot = reserve(&conn);
     Some((conn, slot))

@@ -113,6 +113,18 @@ impl Error {
         matches!(self.kind, Kind::Closed)
     }
 
+    /// Whether the peer said it did not process the request, which may then be sent again
+    /// (RFC 9113 section 8.7): it refused the stream (REFUSED_STREAM), or its GOAWAY left the
+    /// stream out or came before it.
+    pub(crate) fn is_unprocessed(&self) -> bool {
+        match &self.kind {
+            Kind::H2(e) => {
+                e.is_remote() && (e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM))
+            }
+            _ => false,
+        }
+    }
+
     /// Whether a pooled connection that produced this error should be dropped and the request
     /// tried once on a new connection (the connection went away under us).
     pub(crate) fn is_connection_gone(&self) -> bool {

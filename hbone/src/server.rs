@@ -117,7 +117,8 @@ pub struct ServerConfig {
     /// not yet authenticated); sockets past it are closed at once, so that one source cannot
     /// hold the connection slots. Default: 128.
     pub max_handshakes_per_source: usize,
-    /// Concurrent streams allowed per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+    /// Concurrent streams allowed per connection, announced as SETTINGS_MAX_CONCURRENT_STREAMS;
+    /// a stream past it is reset with REFUSED_STREAM before the service sees it.
     /// Default: 2,000.
     pub max_streams_per_connection: u32,
     /// Connections served at once; further clients wait in the listen backlog. Default: 10,000.

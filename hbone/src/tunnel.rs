@@ -3,8 +3,8 @@
 //! - `shutdown()` sends END_STREAM: the peer reads EOF while the other direction keeps flowing
 //!   (TCP half-close).
 //! - Only END_STREAM is EOF. A peer's RST_STREAM before END_STREAM, whatever its code
-//!   (NO_ERROR and CANCEL too), and a failed connection read as an error, so a cut transfer
-//!   never looks complete (RFC 9113 section 8.5).
+//!   (NO_ERROR and CANCEL too), and a failed connection read as an error of kind
+//!   `ConnectionReset`, so a cut transfer never looks complete (RFC 9113 section 8.5).
 //! - Flow-control credit is given back as the reader consumes data, so a slow reader slows only
 //!   its own stream, as long as the connection window holds a stream window for each stalled
 //!   reader and one more (with the default windows, up to 15 stalled readers per connection).
@@ -162,8 +162,8 @@ impl RecvHalf {
     ///
     /// # Errors
     ///
-    /// An error (`ConnectionReset` for a reset) when the stream was reset before END_STREAM,
-    /// with any code, or the connection failed.
+    /// `ConnectionReset` when the stream was reset before END_STREAM, with any code, or the
+    /// connection failed.
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
         if !self.pending.is_empty() {
             let chunk = std::mem::take(&mut self.pending);
@@ -208,9 +208,15 @@ impl RecvHalf {
     }
 
     /// Ends reading with the stream's error. Every reset that comes before END_STREAM is an
-    /// error, NO_ERROR and CANCEL included: data may have been cut.
+    /// error, NO_ERROR and CANCEL included: data may have been cut. So is every failure of the
+    /// connection under the stream (a TCP reset, a TLS connection cut without close_notify):
+    /// to the reader each is a cut like a reset, and reads as one (`ConnectionReset`, the
+    /// cause kept in the message).
     fn end_with(&mut self, e: h2::Error) -> io::Result<()> {
-        let e = h2_to_io(e);
+        let e = match h2_to_io(e) {
+            e if e.kind() == io::ErrorKind::ConnectionReset => e,
+            e => io::Error::new(io::ErrorKind::ConnectionReset, e),
+        };
         self.eof = true;
         self.failed = Some((e.kind(), e.to_string()));
         Err(e)

@@ -244,7 +244,12 @@ async fn client_to_envoy_server(name: &str, tls: TlsSettings) {
     tunnel.write_all(b"half").await.unwrap();
     tunnel.shutdown().await.unwrap();
     let mut back = Vec::new();
-    tunnel.read_to_end(&mut back).await.unwrap();
+    within(
+        "the answer through Envoy after our half-close",
+        tunnel.read_to_end(&mut back),
+    )
+    .await
+    .unwrap();
     assert_eq!(back, b"half");
 
     // We verify Envoy's identity: expecting another one fails with a typed error.
@@ -284,7 +289,13 @@ async fn round_trip_fails(mut tunnel: meshkit_hbone::Tunnel) -> bool {
         return true;
     }
     let mut out = Vec::new();
-    tunnel.read_to_end(&mut out).await.is_err() || out != b"x"
+    within(
+        "the refused client's tunnel ending",
+        tunnel.read_to_end(&mut out),
+    )
+    .await
+    .is_err()
+        || out != b"x"
 }
 
 #[tokio::test]
@@ -406,7 +417,9 @@ async fn resets_between_a_meshkit_client_and_an_envoy_server() {
 
     // (1) The application behind Envoy resets after 1 MiB.
     let mut tunnel = client.open(target.clone()).await.unwrap();
-    let (mut app, _) = backend.accept().await.unwrap();
+    let (mut app, _) = within("Envoy's upstream connection", backend.accept())
+        .await
+        .unwrap();
     app.write_all(&meshkit_test_support::pattern(RESET_SENT))
         .await
         .unwrap();
@@ -419,7 +432,9 @@ async fn resets_between_a_meshkit_client_and_an_envoy_server() {
 
     // (2) meshkit resets the stream (as its copy does when the local socket resets).
     let mut tunnel = client.open(target).await.unwrap();
-    let (mut app, _) = backend.accept().await.unwrap();
+    let (mut app, _) = within("Envoy's upstream connection", backend.accept())
+        .await
+        .unwrap();
     tunnel
         .write_all(&meshkit_test_support::pattern(RESET_SENT))
         .await

@@ -5,7 +5,6 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use meshkit_hbone::{Client, ClientConfig, Forward, ServerConfig, Target};
 use meshkit_identity::{
@@ -30,6 +29,17 @@ fn workload(i: usize) -> meshkit_identity::SpiffeId {
     id(&format!("spiffe://cluster.local/ns/churn/sa/w{i}"))
 }
 
+/// Forgets `who` in `certs` and waits until its SVID's channel has ended (the renewal task is
+/// aborted, not yet gone, when `forget` returns): what the pool looks at.
+async fn forget_and_wait(certs: &SvidCache, who: &meshkit_identity::SpiffeId) {
+    let mut rx = certs.get(who).await.unwrap();
+    certs.forget(who);
+    within("the forgotten identity's SVID channel ending", async {
+        while rx.changed().await.is_ok() {}
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_forgotten_identity_is_fetched_again_not_served_from_the_pool() {
     let pki = Arc::new(Pki::new());
@@ -45,8 +55,7 @@ async fn a_forgotten_identity_is_fetched_again_not_served_from_the_pool() {
 
     // The identity leaves the cache (its workload left this node): its SVID is no longer
     // renewed, so the pool must not keep presenting it.
-    certs.forget(&id(CLIENT));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    forget_and_wait(&certs, &id(CLIENT)).await;
     let t = client.open(target()).await.unwrap();
     assert_eq!(round_trip(t, b"two").await, b"two");
     assert_eq!(pki.ca.requests(), 2, "the SVID was requested again");
@@ -67,8 +76,7 @@ async fn the_pool_stays_bounded_under_identity_churn() {
             .await
             .unwrap();
         assert_eq!(round_trip(t, b"x").await, b"x");
-        certs.forget(&workload(i));
-        tokio::task::yield_now().await;
+        forget_and_wait(&certs, &workload(i)).await;
         largest = largest.max(client.pool_entries());
     }
     assert!(

@@ -9,7 +9,6 @@ mod support;
 
 use std::io::ErrorKind;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use meshkit_hbone::{
     Client, ClientConfig, ConnectRequest, Copied, CopyError, Decision, Forward, ServerConfig, Side,
@@ -19,9 +18,6 @@ use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-
-/// What the bounded waits of these tests allow; far above what any of them needs.
-const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Byte `i` of every stream these tests send: a prefix check finds any lost or moved byte.
 fn pattern(offset: usize, len: usize) -> Vec<u8> {
@@ -140,7 +136,9 @@ async fn dropping_the_copy_resets_the_socket() {
     let mut app = TcpStream::connect(local.local_addr().unwrap())
         .await
         .unwrap();
-    let (sock, _) = local.accept().await.unwrap();
+    let (sock, _) = within("the local connection", local.accept())
+        .await
+        .unwrap();
     let tunnel = client
         .open(Target::new(
             server.addr,
@@ -151,7 +149,9 @@ async fn dropping_the_copy_resets_the_socket() {
         .await
         .unwrap();
     let copy = tokio::spawn(copy_bidirectional(tunnel, sock));
-    let (mut upstream, _) = backend.accept().await.unwrap();
+    let (mut upstream, _) = within("the forwarded connection", backend.accept())
+        .await
+        .unwrap();
     upstream.write_all(&pattern(0, 4096)).await.unwrap();
     read_exactly(&mut app, 4096).await;
     copy.abort();
@@ -162,10 +162,9 @@ async fn dropping_the_copy_resets_the_socket() {
 async fn next_copy(
     copies: &mut mpsc::UnboundedReceiver<Result<Copied, CopyError>>,
 ) -> Result<Copied, CopyError> {
-    tokio::time::timeout(PATIENCE, copies.recv())
+    within("the copy's outcome", copies.recv())
         .await
-        .unwrap()
-        .unwrap()
+        .expect("the proxy reports every copy")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,7 +259,9 @@ async fn every_reset_of_the_tunnel_before_end_stream_resets_the_socket() {
         let (local, mut copies) = local_proxy(client, server.addr, destination).await;
         let mut app = TcpStream::connect(local).await.unwrap();
         let mut first = vec![0u8; SENT];
-        app.read_exact(&mut first).await.unwrap();
+        within("the data before the reset", app.read_exact(&mut first))
+            .await
+            .unwrap();
         assert!(first == pattern(0, SENT));
         app.write_all(b"!").await.unwrap();
         let (rest, end) = read_all(&mut app).await;

@@ -62,7 +62,9 @@ async fn server_service_sees_verified_peer_addresses_and_headers() {
     let err = client.open(t).await.unwrap_err();
     assert_eq!(err.status(), Some(StatusCode::FORBIDDEN));
 
-    let req = rx.recv().await.unwrap();
+    let req = within("the request the service saw", rx.recv())
+        .await
+        .unwrap();
     assert_eq!(req.peer, id(CLIENT));
     assert_eq!(req.target, "127.0.0.1:9".parse().unwrap());
     assert_eq!(req.destination, server.addr);
@@ -94,29 +96,50 @@ async fn half_close_works_in_both_directions() {
     tunnel.write_all(b"abc").await.unwrap();
     tunnel.shutdown().await.unwrap(); // our side done; theirs still flows
     let mut back = Vec::new();
-    tunnel.read_to_end(&mut back).await.unwrap();
+    within(
+        "the answer after our half-close",
+        tunnel.read_to_end(&mut back),
+    )
+    .await
+    .unwrap();
     assert_eq!(back, b"cba");
 
-    // The other way round: the server finishes first while the client keeps sending.
-    let service = decide_fn(|_req| async {
-        Decision::accept(|mut tunnel| async move {
-            tunnel.write_all(b"greeting").await.unwrap();
-            tunnel.shutdown().await.unwrap();
-            let mut got = Vec::new();
-            tunnel.read_to_end(&mut got).await.unwrap();
-            assert_eq!(got, b"late data");
-        })
+    // The other way round: the server finishes first while the client keeps sending; what
+    // the server then reads comes back to the test.
+    let (got_tx, got_rx) = tokio::sync::mpsc::unbounded_channel::<std::io::Result<Vec<u8>>>();
+    let service = decide_fn(move |_req| {
+        let got_tx = got_tx.clone();
+        async move {
+            Decision::accept(|mut tunnel| async move {
+                tunnel.write_all(b"greeting").await.unwrap();
+                tunnel.shutdown().await.unwrap();
+                let mut got = Vec::new();
+                let read = tunnel.read_to_end(&mut got).await.map(|_| got);
+                let _ = got_tx.send(read);
+            })
+        }
     });
+    let mut got_rx = got_rx;
     let server = start(&pki, ServerConfig::default(), service).await;
     let mut tunnel = client
         .open(target(server.addr, "127.0.0.1:1".parse().unwrap()))
         .await
         .unwrap();
     let mut greeting = Vec::new();
-    tunnel.read_to_end(&mut greeting).await.unwrap();
+    within(
+        "the server's greeting and half-close",
+        tunnel.read_to_end(&mut greeting),
+    )
+    .await
+    .unwrap();
     assert_eq!(greeting, b"greeting");
     tunnel.write_all(b"late data").await.unwrap();
     tunnel.shutdown().await.unwrap();
+    let late = within("what the server read after its half-close", got_rx.recv())
+        .await
+        .unwrap()
+        .expect("the server read our data to its end");
+    assert_eq!(late, b"late data");
 }
 
 #[tokio::test]
@@ -199,14 +222,20 @@ async fn non_connect_is_405_and_bad_authority_is_400() {
 
     let get = http::Request::get("https://127.0.0.1/").body(()).unwrap();
     let (resp, _) = h2.send_request(get, true).unwrap();
-    assert_eq!(resp.await.unwrap().status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        within("the answer to a GET", resp).await.unwrap().status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
 
     for authority in ["example.com:80", "127.0.0.1", "[::1]"] {
-        let mut h2 = h2.clone().ready().await.unwrap();
+        let mut h2 = within("a free stream", h2.clone().ready()).await.unwrap();
         let connect = http::Request::connect(authority).body(()).unwrap();
         let (resp, _) = h2.send_request(connect, false).unwrap();
         assert_eq!(
-            resp.await.unwrap().status(),
+            within("the answer to a bad authority", resp)
+                .await
+                .unwrap()
+                .status(),
             StatusCode::BAD_REQUEST,
             "{authority}"
         );
@@ -256,7 +285,22 @@ async fn unauthorized_client_is_refused_by_the_server() {
         id("spiffe://cluster.local/ns/evil/sa/x"),
         id(SERVER),
     );
-    assert!(intruder.open(t).await.is_err());
+    let err = intruder.open(t).await.unwrap_err();
+    // TLS 1.3: the client's handshake is done before the server checks its certificate, so the
+    // refusal arrives as the server's alert, at the first read of the HTTP/2 connection.
+    // (h2 keeps an I/O error's kind and text only.)
+    let io = std::error::Error::source(&err)
+        .and_then(|e| e.downcast_ref::<h2::Error>())
+        .and_then(h2::Error::get_io);
+    assert!(
+        io.is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData
+            && io.to_string().starts_with("received fatal alert")),
+        "the server's refusal, not another failure: {err:?}"
+    );
+    wait_until("the server counting the refused handshake", || {
+        stats.handshake_failures() >= 1
+    })
+    .await;
     assert_eq!(stats.handshake_failures(), 1);
 }
 
@@ -282,7 +326,7 @@ async fn peer_reset_mid_transfer() {
         let mut tunnel = open_to_port(&client, server.addr, port).await;
         tunnel.write_all(&[1u8; 10]).await.unwrap();
         let mut got = Vec::new();
-        let result = tunnel.read_to_end(&mut got).await;
+        let result = within("the reset tunnel's end", tunnel.read_to_end(&mut got)).await;
         // Every reset before END_STREAM is an error, CANCEL too, after whatever arrived.
         let err = result.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
@@ -320,11 +364,13 @@ async fn reset_reason_applies_when_a_split_tunnel_is_dropped() {
     for port in [1, 2, 3] {
         let mut tunnel = open_to_port(&client, server.addr, port).await;
         let mut partial = [0u8; 7];
-        tunnel.read_exact(&mut partial).await.unwrap();
+        within("the partial data", tunnel.read_exact(&mut partial))
+            .await
+            .unwrap();
         assert_eq!(&partial, b"partial");
         tunnel.write_all(b"ack").await.unwrap();
         let mut rest = Vec::new();
-        let result = tunnel.read_to_end(&mut rest).await;
+        let result = within("the tunnel's end", tunnel.read_to_end(&mut rest)).await;
         if port != 2 {
             let err = result.unwrap_err();
             assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
@@ -380,14 +426,18 @@ async fn sixty_four_mib_arrive_intact() {
     }
     let expected = Sha256::digest(&data);
     let data = bytes::Bytes::from(data);
-    for chunk in data.chunks(256 * 1024) {
-        send.send(data.slice_ref(chunk)).await.unwrap();
-    }
-    send.finish().unwrap();
-    let mut answer = Vec::new();
-    while let Some(chunk) = recv.chunk().await.unwrap() {
-        answer.extend_from_slice(&chunk);
-    }
+    let answer = within("64 MiB up and the digest back", async {
+        for chunk in data.chunks(256 * 1024) {
+            send.send(data.slice_ref(chunk)).await.unwrap();
+        }
+        send.finish().unwrap();
+        let mut answer = Vec::new();
+        while let Some(chunk) = recv.chunk().await.unwrap() {
+            answer.extend_from_slice(&chunk);
+        }
+        answer
+    })
+    .await;
     assert_eq!(&answer[..32], expected.as_slice());
     assert_eq!(
         u64::from_be_bytes(answer[32..40].try_into().unwrap()),
@@ -420,10 +470,14 @@ async fn a_thousand_concurrent_tunnels_on_one_connection() {
             })
         })
         .collect();
-    let mut open = Vec::new();
-    for t in tasks {
-        open.push(t.await.unwrap());
-    }
+    let open = within("1,000 tunnels opened and echoed", async {
+        let mut open = Vec::new();
+        for t in tasks {
+            open.push(t.await.unwrap());
+        }
+        open
+    })
+    .await;
     assert_eq!(open.len(), 1000);
     assert_eq!(client.connections_opened(), 1);
     assert_eq!(server.stats.connections_accepted(), 1);
@@ -433,10 +487,14 @@ async fn a_thousand_concurrent_tunnels_on_one_connection() {
 async fn a_slow_reader_does_not_stall_other_tunnels() {
     let pki = Pki::new();
     let backend = echo_backend().await;
-    // Port 1: the server pushes 64 MiB that the client never reads. Others: echo.
+    // Port 1: the server pushes 64 MiB that the client never reads, counting the MiB it has
+    // handed to HTTP/2. Others: echo.
     let forward = Forward::new();
+    let pushed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let pushing = pushed.clone();
     let service = decide_fn(move |req: ConnectRequest| {
         let mut forward = forward.clone();
+        let pushed = pushing.clone();
         async move {
             if req.target.port() == 1 {
                 Decision::accept(|tunnel| async move {
@@ -446,6 +504,7 @@ async fn a_slow_reader_does_not_stall_other_tunnels() {
                         if send.send(block.clone()).await.is_err() {
                             return;
                         }
+                        pushed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
                 })
             } else {
@@ -459,20 +518,20 @@ async fn a_slow_reader_does_not_stall_other_tunnels() {
         .open(target(server.addr, "127.0.0.1:1".parse().unwrap()))
         .await
         .unwrap();
-    // Let the flood fill its stream window.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The flood has filled its 4 MiB stream window (the tunnel hands HTTP/2 only what flow
+    // control allows, so the fifth MiB waits).
+    wait_until("the flood filling the unread tunnel's window", || {
+        pushed.load(std::sync::atomic::Ordering::SeqCst) >= 4
+    })
+    .await;
     for _ in 0..20 {
-        let t = tokio::time::timeout(
-            Duration::from_secs(5),
+        let t = within(
+            "an open beside the stalled stream",
             client.open(target(server.addr, backend)),
         )
         .await
-        .expect("open not blocked by the stalled stream")
         .unwrap();
-        let echoed = tokio::time::timeout(Duration::from_secs(5), round_trip(t, b"still moving"))
-            .await
-            .expect("echo not blocked by the stalled stream");
-        assert_eq!(echoed, b"still moving");
+        assert_eq!(round_trip(t, b"still moving").await, b"still moving");
     }
     assert_eq!(client.connections_opened(), 1, "all on the same connection");
 }
@@ -496,9 +555,16 @@ async fn proxy_protocol_header_carries_the_peer_identity() {
     tunnel.write_all(b"payload").await.unwrap();
     tunnel.shutdown().await.unwrap();
 
-    let (mut sock, _) = backend.accept().await.unwrap();
+    let (mut sock, _) = within("the forwarded connection", backend.accept())
+        .await
+        .unwrap();
     let mut got = Vec::new();
-    sock.read_to_end(&mut got).await.unwrap();
+    within(
+        "the forwarded bytes to their end",
+        sock.read_to_end(&mut got),
+    )
+    .await
+    .unwrap();
     assert_eq!(&got[..12], &proxy_protocol::SIGNATURE);
     let len = u16::from_be_bytes([got[14], got[15]]) as usize;
     let header = &got[..16 + len];
@@ -555,18 +621,36 @@ async fn hbone_inside_hbone() {
 async fn graceful_shutdown_drains_open_tunnels_then_stops() {
     let pki = Pki::new();
     let backend = echo_backend().await;
-    let mut server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    // A drain deadline far past anything this test waits for: the server ends because its
+    // last tunnel did.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut server = start_on(
+        &pki,
+        listener,
+        ServerConfig::default(),
+        Forward::new(),
+        Duration::from_secs(120),
+    )
+    .await;
     let client = pki.client(CLIENT, ClientConfig::default());
     let mut open = client.open(target(server.addr, backend)).await.unwrap();
     server.stop();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The drain has begun once the listener is closed.
+    within("the listener closing at the shutdown", async {
+        while TcpStream::connect(server.addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 
     // The open tunnel keeps working while the server drains.
     open.write_all(b"during drain").await.unwrap();
     let mut buf = [0u8; 12];
-    open.read_exact(&mut buf).await.unwrap();
+    within("the echo during the drain", open.read_exact(&mut buf))
+        .await
+        .unwrap();
     assert_eq!(&buf, b"during drain");
-    // New tunnels are refused: the connection got GOAWAY and the listener is closed.
+    // New connections are refused: the listener is closed.
     let other = pki.client(
         "spiffe://cluster.local/ns/shop/sa/other",
         ClientConfig::default(),
@@ -577,13 +661,16 @@ async fn graceful_shutdown_drains_open_tunnels_then_stops() {
         id("spiffe://cluster.local/ns/shop/sa/other"),
         id(SERVER),
     );
-    assert!(other.open(t).await.is_err());
-    assert!(!server.task.is_finished());
+    let err = other.open(t).await.unwrap_err();
+    assert!(err.is_connect(), "refused at TCP: {err:?}");
+    assert!(
+        !server.task.is_finished(),
+        "the server waits for its tunnel"
+    );
 
     assert_eq!(round_trip(open, b"last").await, b"last");
-    tokio::time::timeout(Duration::from_secs(5), &mut server.task)
+    within("the server's end once its tunnels closed", &mut server.task)
         .await
-        .expect("server finished once its tunnels closed")
         .unwrap()
         .unwrap();
 }
@@ -603,18 +690,32 @@ async fn drain_deadline_closes_what_is_left() {
     .await;
     let client = pki.client(CLIENT, ClientConfig::default());
     let mut open = client.open(target(server.addr, backend)).await.unwrap();
-    server.stop();
-    tokio::time::timeout(Duration::from_secs(5), &mut server.task)
+    // The tunnel works, and its client keeps it open through the drain.
+    open.write_all(b"before").await.unwrap();
+    let mut echoed = [0u8; 6];
+    within("the echo before the shutdown", open.read_exact(&mut echoed))
         .await
-        .expect("server stops at the drain deadline")
-        .unwrap()
         .unwrap();
-    let mut buf = Vec::new();
-    let result = open.read_to_end(&mut buf).await;
-    assert!(
-        result.is_err() || buf.is_empty(),
-        "tunnel closed by the deadline"
-    );
+    assert_eq!(&echoed, b"before");
+    server.stop();
+    within(
+        "the server's end at the drain deadline, with a tunnel still open",
+        &mut server.task,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // The deadline cut the tunnel: its reader sees an error, not a clean end, and no data.
+    let mut rest = Vec::new();
+    let end = within(
+        "the end of the tunnel the deadline cut",
+        open.read_to_end(&mut rest),
+    )
+    .await;
+    let err = end.expect_err("a tunnel cut by the drain deadline must not read as a clean end");
+    // Like a reset stream, a cut connection reads as a reset (docs/hbone.md, "Resets").
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    assert!(rest.is_empty(), "{} bytes after the cut", rest.len());
 }
 
 #[tokio::test]
@@ -630,21 +731,30 @@ async fn handshake_timeout_and_garbage_never_take_the_server_down() {
     // Silent client: closed after the handshake timeout.
     let mut silent = TcpStream::connect(server.addr).await.unwrap();
     let mut buf = [0u8; 16];
-    let n = tokio::time::timeout(Duration::from_secs(3), silent.read(&mut buf))
-        .await
-        .expect("server closed the silent connection")
-        .unwrap_or(0);
-    assert_eq!(n, 0);
-    // Garbage instead of a ClientHello.
+    let n = within(
+        "the server closing the silent connection",
+        silent.read(&mut buf),
+    )
+    .await
+    .unwrap_or(0);
+    assert_eq!(n, 0, "the server sent nothing to a silent client");
+    // Garbage instead of a ClientHello: the server closes (whatever it answers first).
     let mut garbage = TcpStream::connect(server.addr).await.unwrap();
     garbage
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
-    let _ = tokio::time::timeout(Duration::from_secs(3), garbage.read(&mut buf)).await;
+    within("the server closing the garbage connection", async {
+        while matches!(garbage.read(&mut buf).await, Ok(n) if n > 0) {}
+    })
+    .await;
     // Still serving.
     let client = pki.client(CLIENT, ClientConfig::default());
     let tunnel = client.open(target(server.addr, backend)).await.unwrap();
     assert_eq!(round_trip(tunnel, b"ok").await, b"ok");
+    wait_until("the server counting both failed handshakes", || {
+        server.stats.handshake_failures() >= 2
+    })
+    .await;
     assert_eq!(server.stats.handshake_failures(), 2);
 }

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use meshkit_hbone::{
     Client, ClientConfig, ConnectRequest, Decision, Server, ServerConfig, ServerStats,
@@ -132,16 +133,41 @@ pub async fn echo_backend() -> SocketAddr {
     addr
 }
 
-/// Writes `msg`, half-closes, reads to EOF.
+/// Writes `msg`, half-closes, reads to EOF, all within [`PATIENCE`].
 pub async fn round_trip<T>(mut t: T, msg: &[u8]) -> Vec<u8>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    t.write_all(msg).await.unwrap();
-    t.shutdown().await.unwrap();
-    let mut out = Vec::new();
-    t.read_to_end(&mut out).await.unwrap();
-    out
+    within("a round trip (write, half-close, read to the end)", async {
+        t.write_all(msg).await.unwrap();
+        t.shutdown().await.unwrap();
+        let mut out = Vec::new();
+        t.read_to_end(&mut out).await.unwrap();
+        out
+    })
+    .await
+}
+
+/// What every wait of these tests allows: far above what any of them needs, so that a loaded
+/// machine never fails a test, and a hang fails with a message instead of hanging.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// `fut`, or a panic naming `what` if it does not finish within [`PATIENCE`].
+pub async fn within<F: std::future::Future>(what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(PATIENCE, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: not done within {PATIENCE:?}"),
+    }
+}
+
+/// Polls `condition` every 10 ms until it holds; panics naming `what` after [`PATIENCE`].
+pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    within(what, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 }
 
 /// A client TLS config presenting CLIENT and trusting any server of the test CA, for raw
@@ -261,3 +287,174 @@ impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Pausable<IO> {
 /// Raw HTTP/2 frames, for peers that send what the h2 crate never would.
 #[allow(unused_imports)] // Not every test file sends raw frames.
 pub use meshkit_test_support::h2_frame as frame;
+
+/// Reads one HTTP/2 frame: its type, flags, stream and payload.
+pub async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    r.read_exact(&mut head).await?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload).await?;
+    Ok((head[3], head[4], stream, payload))
+}
+
+/// An HTTP/2 server that is not meshkit's, on loopback, over mutual TLS presenting SERVER:
+/// for tests of what the client does with what a server sends (GOAWAY, REFUSED_STREAM).
+pub struct RawServer {
+    pub addr: SocketAddr,
+    /// Connections accepted so far.
+    pub accepted: Arc<std::sync::atomic::AtomicUsize>,
+    /// The client address of each accepted connection, in order.
+    pub peers: Arc<std::sync::Mutex<Vec<SocketAddr>>>,
+}
+
+impl RawServer {
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Starts a [`RawServer`]: each accepted connection, numbered from 0, is handed after TLS to
+/// `serve` with its number, in a task of its own; the listener keeps accepting.
+pub async fn raw_server<F, Fut>(pki: &Pki, serve: F) -> RawServer
+where
+    F: Fn(usize, tokio_rustls::server::TlsStream<tokio::net::TcpStream>) -> Fut
+        + Send
+        + Sync
+        + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor =
+        tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls(SERVER, Authorize::AnyTrusted)));
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let peers = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (count, seen) = (accepted.clone(), peers.clone());
+    let serve = Arc::new(serve);
+    tokio::spawn(async move {
+        while let Ok((sock, peer)) = listener.accept().await {
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            seen.lock().unwrap().push(peer);
+            let (acceptor, serve) = (acceptor.clone(), serve.clone());
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(sock).await {
+                    serve(n, tls).await;
+                }
+            });
+        }
+    });
+    RawServer {
+        addr,
+        accepted,
+        peers,
+    }
+}
+
+/// Echoes one stream of an h2 server: answers 200, sends back what arrives until
+/// END_STREAM, then ends its own side.
+pub async fn h2_echo(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+) {
+    let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+        return;
+    };
+    let mut body = request.into_body();
+    while let Some(Ok(chunk)) = body.data().await {
+        let _ = body.flow_control().release_capacity(chunk.len());
+        if send.send_data(chunk, false).is_err() {
+            return;
+        }
+    }
+    let _ = send.send_data(bytes::Bytes::new(), true);
+}
+
+/// Serves every stream of an HTTP/2 connection with [`h2_echo`], counting them in `streams`.
+pub async fn h2_echo_connection<IO>(io: IO, streams: Arc<std::sync::atomic::AtomicUsize>)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Ok(mut conn) = h2::server::handshake(io).await else {
+        return;
+    };
+    while let Some(Ok((request, respond))) = conn.accept().await {
+        streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::spawn(h2_echo(request, respond));
+    }
+}
+
+/// An HBONE service whose tunnels echo what they receive until END_STREAM, then end, without
+/// a socket: for servers on in-memory transports and paused time.
+pub fn echo_service() -> meshkit_hbone::DecideFn<
+    impl FnMut(ConnectRequest) -> std::future::Ready<Decision> + Clone + Send + Sync + 'static,
+> {
+    meshkit_hbone::decide_fn(|_req: ConnectRequest| {
+        std::future::ready(Decision::accept(|tunnel| async move {
+            let (mut r, mut w) = tokio::io::split(tunnel);
+            if tokio::io::copy(&mut r, &mut w).await.is_ok() {
+                let _ = w.shutdown().await;
+            }
+        }))
+    })
+}
+
+/// A transport in memory: each connection is a duplex pipe whose other end `server` serves
+/// (as from 127.0.0.1:1 to the address dialed). No socket, so tests can run on paused time.
+pub struct InMemory<S>(pub Arc<Server<SingleIdentity, S>>);
+
+impl<S> Clone for InMemory<S> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<S> meshkit_hbone::Connect for InMemory<S>
+where
+    S: Service<ConnectRequest, Response = Decision> + Clone + Send + Sync + 'static,
+    S::Error: std::fmt::Display + Send,
+    S::Future: Send,
+{
+    type Io = tokio::io::DuplexStream;
+
+    fn connect(
+        &self,
+        addr: SocketAddr,
+    ) -> meshkit_hbone::BoxFuture<'static, std::io::Result<tokio::io::DuplexStream>> {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let server = self.0.clone();
+        tokio::spawn(async move {
+            let source = SocketAddr::from(([127, 0, 0, 1], 1));
+            let _ = server.serve_connection(theirs, source, addr).await;
+        });
+        Box::pin(std::future::ready(Ok(ours)))
+    }
+}
+
+/// A server presenting SERVER, admitting any trusted client, reached through [`InMemory`],
+/// and a client (presenting CLIENT) that dials it so.
+pub fn in_memory<S>(
+    pki: &Pki,
+    server: ServerConfig,
+    service: S,
+    client: ClientConfig,
+) -> (Arc<ServerStats>, Client<InMemory<S>>)
+where
+    S: Service<ConnectRequest, Response = Decision> + Clone + Send + Sync + 'static,
+    S::Error: std::fmt::Display + Send,
+    S::Future: Send,
+{
+    let selector = SingleIdentity::new(pki.server_tls(SERVER, Authorize::AnyTrusted));
+    let server = Server::new(server, selector, service);
+    let stats = server.stats();
+    let client = Client::with_connector(
+        client,
+        InMemory(Arc::new(server)),
+        pki.ca.issue(id(CLIENT)),
+        pki.ca.bundle_set(),
+    );
+    (stats, client)
+}
