@@ -2,11 +2,163 @@
 //! strings and bytes and on mutations of valid input.
 
 use meshkit_ingress_model::envelope::{self, EnvelopeError};
+use meshkit_ingress_model::k8s::io::apimachinery::pkg::runtime::{TypeMeta, Unknown};
 use meshkit_ingress_model::validation::{validate_ingress, validate_ingress_class};
 use meshkit_ingress_model::{Ingress, IngressClass, IngressList, RouteTable, manifest};
 use proptest::prelude::*;
+use prost::Message;
 
 const VALID_YAML: &str = include_str!("fixtures/kubectl-get-ingress.yaml");
+
+/// The fixture's Ingresses as an `IngressList` in the Kubernetes encoding, with where the
+/// envelope's parts are, laid out by hand here (not by the code under test): `k8s\0`, then
+/// field 1 (`typeMeta`), then field 2 (`raw`, the object).
+struct Fixture {
+    list: IngressList,
+    bytes: Vec<u8>,
+    /// Where `typeMeta` ends and `raw` begins.
+    type_meta_end: usize,
+    /// Where `raw`'s payload (the object) begins.
+    raw_start: usize,
+}
+
+fn varint(mut n: usize, out: &mut Vec<u8>) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let list = IngressList {
+            metadata: None,
+            items: manifest::from_yaml_str(VALID_YAML).expect("fixture"),
+        };
+        let type_meta = TypeMeta {
+            api_version: Some("networking.k8s.io/v1".into()),
+            kind: Some("IngressList".into()),
+        }
+        .encode_to_vec();
+        let raw = list.encode_to_vec();
+        let mut bytes = b"k8s\0".to_vec();
+        bytes.push(0x0a);
+        varint(type_meta.len(), &mut bytes);
+        bytes.extend_from_slice(&type_meta);
+        let type_meta_end = bytes.len();
+        bytes.push(0x12);
+        varint(raw.len(), &mut bytes);
+        let raw_start = bytes.len();
+        bytes.extend_from_slice(&raw);
+        assert_eq!(
+            envelope::encode(&list),
+            bytes,
+            "the encoding is not the documented one"
+        );
+        Self {
+            list,
+            bytes,
+            type_meta_end,
+            raw_start,
+        }
+    }
+
+    /// An envelope of the fixture's object with another type and a content encoding.
+    fn envelope(&self, api_version: &str, kind: &str, encoding: Option<&str>) -> Vec<u8> {
+        let unknown = Unknown {
+            type_meta: Some(TypeMeta {
+                api_version: Some(api_version.to_owned()),
+                kind: Some(kind.to_owned()),
+            }),
+            raw: Some(self.bytes[self.raw_start..].to_vec()),
+            content_encoding: encoding.map(str::to_owned),
+            content_type: None,
+        };
+        let mut bytes = b"k8s\0".to_vec();
+        unknown.encode(&mut bytes).expect("encode");
+        bytes
+    }
+}
+
+/// What decoding the fixture cut after `cut` bytes must give: the envelope ends inside the
+/// magic or a field (truncated), or exactly between fields (missing fields read as empty).
+#[test]
+fn a_cut_envelope_is_truncated_unless_it_ends_between_fields() {
+    let fixture = Fixture::new();
+    let len = fixture.bytes.len();
+    for cut in 0..=len {
+        let got = envelope::decode::<IngressList>(&fixture.bytes[..cut]);
+        let ok = match cut {
+            // Inside the magic, inside `typeMeta`, inside `raw`.
+            _ if cut < 4 || (4 < cut && cut < fixture.type_meta_end) => {
+                matches!(got, Err(EnvelopeError::Truncated))
+            }
+            _ if fixture.type_meta_end < cut && cut < len => {
+                matches!(got, Err(EnvelopeError::Truncated))
+            }
+            // The magic alone: no type at all.
+            4 => matches!(
+                &got,
+                Err(EnvelopeError::WrongKind { api_version, kind, .. })
+                    if api_version.is_empty() && kind.is_empty()
+            ),
+            // The type without the object: an empty list.
+            _ if cut == fixture.type_meta_end => {
+                matches!(&got, Ok(list) if *list == IngressList::default())
+            }
+            _ => matches!(&got, Ok(list) if *list == fixture.list),
+        };
+        assert!(ok, "cut after {cut} of {len} bytes: {got:?}");
+    }
+}
+
+#[test]
+fn a_changed_magic_is_wrong_magic() {
+    let fixture = Fixture::new();
+    for i in 0..4 {
+        for x in 1..=255u8 {
+            let mut bytes = fixture.bytes.clone();
+            bytes[i] ^= x;
+            let got = envelope::decode::<IngressList>(&bytes);
+            assert!(
+                matches!(got, Err(EnvelopeError::WrongMagic)),
+                "byte {i} ^ {x:#x}: {got:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn another_kinds_envelope_is_wrong_kind() {
+    let got = envelope::decode::<Ingress>(&Fixture::new().bytes);
+    assert!(
+        matches!(
+            &got,
+            Err(EnvelopeError::WrongKind { expected_kind: "Ingress", kind, .. }) if kind == "IngressList"
+        ),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn an_invalid_wire_type_in_the_object_is_malformed_not_truncated() {
+    let fixture = Fixture::new();
+    // Field 1 with wire type 7 (no such type) before the object's own fields.
+    for key in [0x0f_u8, 0x0e, 0x0b] {
+        let mut raw = vec![key];
+        raw.extend_from_slice(&fixture.bytes[fixture.raw_start..]);
+        let mut bytes = fixture.bytes[..fixture.type_meta_end].to_vec();
+        bytes.push(0x12);
+        varint(raw.len(), &mut bytes);
+        bytes.extend_from_slice(&raw);
+        let got = envelope::decode::<IngressList>(&bytes);
+        assert!(
+            matches!(got, Err(EnvelopeError::Malformed(_))),
+            "key {key:#x}: {got:?}"
+        );
+    }
+}
 
 /// YAML-ish text assembled from fragments that reach deep into the Ingress schema.
 fn yamlish() -> impl Strategy<Value = String> {
@@ -146,19 +298,50 @@ proptest! {
     }
 
     #[test]
-    fn envelope_decoder_never_panics_on_mutated_objects(
-        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
-        cut in any::<prop::sample::Index>(),
+    fn a_changed_kind_is_wrong_kind(api_version in "[a-zA-Z0-9./]{0,24}", kind in "[a-zA-Z]{0,16}") {
+        let fixture = Fixture::new();
+        let bytes = fixture.envelope(&api_version, &kind, None);
+        let got = envelope::decode::<IngressList>(&bytes);
+        if (api_version.as_str(), kind.as_str()) == ("networking.k8s.io/v1", "IngressList") {
+            prop_assert_eq!(got.ok(), Some(fixture.list));
+        } else {
+            let wrong_kind = matches!(
+                &got,
+                Err(EnvelopeError::WrongKind { expected_api_version: "networking.k8s.io/v1", expected_kind: "IngressList", api_version: a, kind: k })
+                    if *a == api_version && *k == kind
+            );
+            prop_assert!(wrong_kind, "{api_version} {kind}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn a_content_encoding_is_unsupported(encoding in "[a-z0-9+-]{1,12}") {
+        let fixture = Fixture::new();
+        let bytes = fixture.envelope("networking.k8s.io/v1", "IngressList", Some(&encoding));
+        let got = envelope::decode::<IngressList>(&bytes);
+        prop_assert!(
+            matches!(&got, Err(EnvelopeError::UnsupportedEncoding(e)) if *e == encoding),
+            "{encoding}: {got:?}"
+        );
+    }
+
+    /// Damage inside the object (the envelope intact) is the object's: the decoder answers
+    /// what protobuf makes of the damaged object (the same list, or an object error), never
+    /// an envelope error.
+    #[test]
+    fn damage_inside_the_object_is_reported_for_the_object(
+        flips in prop::collection::vec((any::<prop::sample::Index>(), 1..=255u8), 1..8),
     ) {
-        let ingresses = manifest::from_yaml_str(VALID_YAML).expect("fixture");
-        let mut bytes = envelope::encode(&IngressList { metadata: None, items: ingresses });
+        let fixture = Fixture::new();
+        let mut bytes = fixture.bytes.clone();
         for (index, value) in flips {
-            let i = index.index(bytes.len());
+            let i = fixture.raw_start + index.index(bytes.len() - fixture.raw_start);
             bytes[i] ^= value;
         }
-        bytes.truncate(cut.index(bytes.len() + 1));
-        match envelope::decode::<IngressList>(&bytes) {
-            Ok(list) => {
+        let alone = IngressList::decode(&bytes[fixture.raw_start..]);
+        match (envelope::decode::<IngressList>(&bytes), alone) {
+            (Ok(list), Ok(alone)) => {
+                prop_assert_eq!(&list, &alone);
                 for ingress in &list.items {
                     let _ = validate_ingress(ingress);
                     let _ = manifest::to_yaml_string(std::slice::from_ref(ingress));
@@ -167,9 +350,8 @@ proptest! {
                 let _ = table.route("shop.example.com", "/api");
                 let _ = table.tls_secret_for("shop.example.com");
             }
-            Err(EnvelopeError::WrongMagic | EnvelopeError::Truncated | EnvelopeError::WrongKind { .. }
-                | EnvelopeError::UnsupportedEncoding(_) | EnvelopeError::Malformed(_)) => {}
-            Err(other) => prop_assert!(false, "unexpected error {other}"),
+            (Err(EnvelopeError::Truncated | EnvelopeError::Malformed(_)), Err(_)) => {}
+            (got, alone) => prop_assert!(false, "decoded {got:?}; the object alone: {alone:?}"),
         }
     }
 

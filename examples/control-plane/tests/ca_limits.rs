@@ -17,6 +17,9 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 
 const TOKEN: &str = "tok-123";
+/// Bound on every wait for something that must happen: far above what it needs, so that a
+/// loaded machine does not fail it.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 fn web() -> SpiffeId {
     "spiffe://cluster.local/ns/shop/sa/web".parse().unwrap()
@@ -145,7 +148,9 @@ async fn calls_beyond_max_concurrent_requests_are_resource_exhausted() {
     assert!(err.to_string().contains("ResourceExhausted"), "{err}");
     // Once the held call ends, honest calls are served again.
     drop(tx);
-    let _ = held.await;
+    let _ = tokio::time::timeout(PATIENCE, held)
+        .await
+        .expect("the held call ends with its request stream");
     honest(ch).await;
 }
 
@@ -157,7 +162,7 @@ async fn a_call_that_never_sends_its_request_times_out_and_frees_its_place() {
     let addr = start(limits).await;
     let ch = channel(addr).await;
     let (_tx, held) = hold(ch.clone()).await;
-    let status = tokio::time::timeout(Duration::from_secs(10), held)
+    let status = tokio::time::timeout(PATIENCE, held)
         .await
         .expect("ended by the server")
         .unwrap()
@@ -188,19 +193,37 @@ async fn streams_per_connection_are_capped_by_http2_settings() {
     let mut limits = CaLimits::default();
     limits.max_streams_per_connection = 1;
     let addr = start(limits).await;
-    let ch = channel(addr).await;
-    let (tx, held) = hold(ch.clone()).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // The held call has the connection's one stream: an honest call on it waits.
-    let waiting = tokio::spawn(honest(ch));
+    // A raw HTTP/2 connection, so the order of its streams is this test's: one call first,
+    // which also has the client read the server's SETTINGS.
+    let (mut h2, _connection) = raw_connection(addr).await;
+    assert_eq!(raw_call(&mut h2, TOKEN).await, "0");
+    // A call whose request never comes holds the connection's one stream...
+    h2 = tokio::time::timeout(PATIENCE, h2.ready())
+        .await
+        .expect("ready in time")
+        .unwrap();
+    let held = tonic::codegen::http::Request::post(
+        "http://ca/istio.v1.auth.IstioCertificateService/CreateCertificate",
+    )
+    .header("content-type", "application/grpc")
+    .header("authorization", format!("Bearer {TOKEN}"))
+    .body(())
+    .unwrap();
+    let (held_response, mut held_body) = h2.send_request(held, false).unwrap();
+    // ...so an honest call on the same connection waits for it (checked for a while: a
+    // stream opened at once would be answered well within it)...
+    let mut second = h2.clone();
+    let waiting = tokio::spawn(async move { raw_call(&mut second, TOKEN).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "a second stream was opened at once");
-    drop(tx);
-    let _ = held.await;
-    tokio::time::timeout(Duration::from_secs(10), waiting)
+    // ...and is served once the first stream is gone.
+    held_body.send_reset(h2::Reason::CANCEL);
+    drop(held_response);
+    let code = tokio::time::timeout(PATIENCE, waiting)
         .await
         .expect("served once the first stream is gone")
         .unwrap();
+    assert_eq!(code, "0");
 }
 
 /// A `CreateCertificate` call on the raw HTTP/2 connection `h2` with `token`; the answer's
@@ -224,20 +247,24 @@ async fn raw_call(h2: &mut h2::client::SendRequest<bytes::Bytes>, token: &str) -
     .header("authorization", format!("Bearer {token}"))
     .body(())
     .unwrap();
-    *h2 = h2.clone().ready().await.unwrap();
-    let (response, mut send) = h2.send_request(request, false).unwrap();
-    send.send_data(body.into(), true).unwrap();
-    let response = response.await.unwrap();
-    if let Some(code) = response.headers().get("grpc-status") {
-        return code.to_str().unwrap().to_owned();
-    }
-    let mut body = response.into_body();
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk.unwrap();
-        let _ = body.flow_control().release_capacity(chunk.len());
-    }
-    let trailers = body.trailers().await.unwrap().expect("trailers");
-    trailers["grpc-status"].to_str().unwrap().to_owned()
+    tokio::time::timeout(PATIENCE, async {
+        *h2 = h2.clone().ready().await.unwrap();
+        let (response, mut send) = h2.send_request(request, false).unwrap();
+        send.send_data(body.into(), true).unwrap();
+        let response = response.await.unwrap();
+        if let Some(code) = response.headers().get("grpc-status") {
+            return code.to_str().unwrap().to_owned();
+        }
+        let mut body = response.into_body();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        let trailers = body.trailers().await.unwrap().expect("trailers");
+        trailers["grpc-status"].to_str().unwrap().to_owned()
+    })
+    .await
+    .expect("the call answered in time")
 }
 
 /// A raw HTTP/2 connection to `addr` and the task driving it, which ends when the server
@@ -249,7 +276,10 @@ async fn raw_connection(
     tokio::task::JoinHandle<Result<(), h2::Error>>,
 ) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    let (h2, connection) = tokio::time::timeout(PATIENCE, h2::client::handshake(tcp))
+        .await
+        .expect("HTTP/2 handshake in time")
+        .unwrap();
     (h2, tokio::spawn(connection))
 }
 
@@ -277,14 +307,14 @@ async fn a_connection_without_a_successful_call_is_closed_at_the_first_call_time
     assert_eq!(raw_call(&mut served, TOKEN).await, "0");
 
     let mut buf = [0u8; 1024];
-    tokio::time::timeout(Duration::from_secs(10), async {
+    tokio::time::timeout(PATIENCE, async {
         while let Ok(n) = silent.read(&mut buf).await
             && n > 0
         {}
     })
     .await
     .expect("the silent connection is closed");
-    tokio::time::timeout(Duration::from_secs(10), refused_connection)
+    tokio::time::timeout(PATIENCE, refused_connection)
         .await
         .expect("the refused connection is closed")
         .unwrap()

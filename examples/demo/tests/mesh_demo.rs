@@ -1,22 +1,142 @@
-//! The main job, run as a user runs it: every check passes and the summary says so.
+//! The main job, run as a user runs it. The test does not take the program's word for it: it
+//! reads what the program saw (who answered each route, with which status, which identities
+//! each hop verified) and checks that against its own table of the sample manifests.
 
+use std::collections::BTreeMap;
 use std::process::Command;
+use std::time::Duration;
+
+/// Requests per route the test asks for.
+const REQUESTS: usize = 6;
+
+/// The sample manifests' routes: host, path, and the workloads that must answer (each of
+/// them, between them every request).
+const ROUTES: &[(&str, &str, &[&str])] = &[
+    ("shop.example.com", "/", &["web-1", "web-2"]),
+    ("shop.example.com", "/api/v1/items", &["api-1"]),
+    ("shop.example.com", "/apiary", &["web-1", "web-2"]),
+    ("shop.example.com", "/healthz", &["api-1"]),
+    ("shop.example.com", "/healthz/deep", &["web-1", "web-2"]),
+    ("SHOP.example.com:18080", "/api", &["api-1"]),
+    ("m.shop.example.com", "/", &["web-1", "web-2"]),
+    ("a.b.shop.example.com", "/", &["fallback-1"]),
+    ("blog.example.com", "/posts/1", &["blog-1"]),
+    ("unknown.example.org", "/", &["fallback-1"]),
+];
+
+/// The sample workloads: name, service account, node, and the address its app listens on.
+const WORKLOADS: &[(&str, &str, &str, &str)] = &[
+    ("web-1", "shop/sa/web", "node-a", "127.0.0.11:8080"),
+    ("web-2", "shop/sa/web", "node-b", "127.0.0.12:8080"),
+    ("api-1", "shop/sa/api", "node-a", "127.0.0.13:9090"),
+    (
+        "fallback-1",
+        "shop/sa/fallback",
+        "node-b",
+        "127.0.0.14:8080",
+    ),
+    ("blog-1", "blog/sa/blog", "node-b", "127.0.0.21:8080"),
+];
+
+const GATEWAY: &str = "spiffe://cluster.local/ns/istio-system/sa/ingress-gateway";
+
+/// The "answered by" column of the row for `host` and `path`: requests per workload, as the
+/// program counted the answers' backend headers.
+fn answered_by(stdout: &str, host: &str, path: &str) -> BTreeMap<String, usize> {
+    let row = stdout
+        .lines()
+        .find(|line| {
+            let mut words = line.split_whitespace();
+            words.next() == Some(host) && words.next() == Some(path)
+        })
+        .unwrap_or_else(|| panic!("no row for {host}{path}:\n{stdout}"));
+    // `web-1 x3, web-2 x3` after the host and path: name and count in pairs.
+    let words: Vec<&str> = row.split_whitespace().skip(2).collect();
+    let mut seen = BTreeMap::new();
+    for pair in words.chunks(2) {
+        let [name, count] = pair else { break };
+        let Some(n) = count.trim_end_matches(',').strip_prefix('x') else {
+            break;
+        };
+        let n = n
+            .parse()
+            .unwrap_or_else(|_| panic!("{host}{path}: not a count in {row:?}"));
+        seen.insert((*name).to_owned(), n);
+        if !count.ends_with(',') {
+            break;
+        }
+    }
+    seen
+}
+
+/// The count on the line that is exactly `line` followed by ` xN`, if there is one.
+fn count_of(stdout: &str, line: &str) -> Option<usize> {
+    stdout.lines().find_map(|l| {
+        let (text, n) = l.trim().rsplit_once(" x")?;
+        (text == line).then(|| n.parse().ok())?
+    })
+}
 
 #[test]
-fn mesh_demo_passes_every_check() {
-    let out = Command::new(env!("CARGO_BIN_EXE_mesh-demo"))
-        .args(["--requests", "6"])
-        .output()
-        .expect("run mesh-demo");
+fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
+    let out = meshkit_test_support::output_within(
+        Command::new(env!("CARGO_BIN_EXE_mesh-demo")).args(["--requests", &REQUESTS.to_string()]),
+        Duration::from_secs(120),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stdout.contains("mesh-demo: all checks passed"), "{stdout}");
-    assert!(!stdout.contains("FAILED"), "{stdout}");
-    // Both hops verified identities: the gateway's at the node proxies, the backends' at
-    // the gateway.
-    assert!(stdout.contains(
-        "node-a: spiffe://cluster.local/ns/istio-system/sa/ingress-gateway -> 127.0.0.13:9090"
-    ));
-    assert!(stdout.contains("spiffe://cluster.local/ns/blog/sa/blog x"));
+
+    // Every route answered by exactly its workloads, each of them, every request.
+    let mut per_identity: BTreeMap<&str, usize> = BTreeMap::new();
+    for (host, path, expect) in ROUTES {
+        let seen = answered_by(&stdout, host, path);
+        let names: Vec<&str> = seen.keys().map(String::as_str).collect();
+        assert_eq!(names, *expect, "{host}{path}: answered by {seen:?}");
+        assert_eq!(
+            seen.values().sum::<usize>(),
+            REQUESTS,
+            "{host}{path}: {seen:?}"
+        );
+        for (name, n) in &seen {
+            let (_, sa, _, _) = WORKLOADS
+                .iter()
+                .find(|(w, ..)| w == name)
+                .expect("a sample workload");
+            *per_identity.entry(sa).or_default() += n;
+        }
+    }
+    // All of them with 200.
+    assert_eq!(
+        count_of(&stdout, "status counts: 200"),
+        Some(ROUTES.len() * REQUESTS),
+        "{stdout}"
+    );
+    // Hop 1: the identity the gateway verified for each answer, as many times as that
+    // identity's workloads answered.
+    for (sa, n) in per_identity {
+        let id = format!("spiffe://cluster.local/ns/{sa}");
+        assert_eq!(count_of(&stdout, &id), Some(n), "{id}:\n{stdout}");
+    }
+    // Hop 2: each workload's node proxy admitted the gateway's identity to it.
+    for (name, _, node, addr) in WORKLOADS {
+        let line = format!("{node}: {GATEWAY} -> {addr}");
+        assert!(
+            count_of(&stdout, &line).is_some_and(|n| n >= 1),
+            "{name}: no tunnel {line}:\n{stdout}"
+        );
+    }
+    // HTTPS with SNI: answered by a web workload.
+    let https = stdout
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("https://shop.example.com/ answered by ")
+        })
+        .unwrap_or_else(|| panic!("no HTTPS answer:\n{stdout}"));
+    let workload = https.split(':').next().unwrap_or_default();
+    assert!(
+        workload == "web-1" || workload == "web-2",
+        "https answered by {https:?}"
+    );
 }

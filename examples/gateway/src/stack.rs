@@ -3,7 +3,7 @@
 //! edit in the middle of a handler:
 //!
 //! ```text
-//! RouteLayer    host + path -> the Ingress backend         400 no host, 404 no route
+//! RouteLayer    host + path -> the Ingress backend         400 no host (or two), 404 no route
 //! ResolveLayer  backend -> the service's endpoints         503 unknown service, port, endpoints
 //!               (both are FilterLayers: a RequestFilter passes the request on or answers)
 //! RewriteLayer  hop-by-hop headers out, X-Forwarded-* in;  the answer in the client's version
@@ -211,7 +211,8 @@ where
 // === route ===
 
 /// The routing step: finds the Ingress backend for the request's host and path, and leaves a
-/// [`RouteTarget`] (400 without a host, 404 without a route or a service backend).
+/// [`RouteTarget`] (400 without a host, with an empty one or with more than one `Host`
+/// header; 404 without a route or a service backend).
 #[derive(Clone)]
 pub struct Route {
     shared: Arc<Shared>,
@@ -226,7 +227,20 @@ impl RequestFilter for Route {
 impl Route {
     #[allow(clippy::result_large_err)] // the answer moves straight into the response
     fn route(&self, req: &mut Request<Incoming>) -> Result<(), Response<Body>> {
+        // RFC 9112, 3.2: more than one Host line is a 400; which one the client meant is
+        // not the gateway's to guess (nor the backend's: it gets one, rewritten).
+        if req
+            .headers()
+            .get_all(http::header::HOST)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            return Err(error(StatusCode::BAD_REQUEST, "more than one Host header"));
+        }
+        // An empty Host names no host: no rule could match it by name.
         let host = proxy::request_host(req)
+            .filter(|host| !host.is_empty())
             .ok_or_else(|| error(StatusCode::BAD_REQUEST, "no host in the request"))?;
         let compiled = self.shared.current.borrow().clone();
         let route = compiled

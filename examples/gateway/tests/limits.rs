@@ -17,6 +17,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const SECOND: Duration = Duration::from_secs(1);
+/// How long a test waits for the gateway to close a connection or answer: far above the
+/// timeouts it tests, so that a loaded machine does not fail it.
+const WITHIN: Duration = Duration::from_secs(10);
 const TRICKLE: &[u8] = b"GET / HTTP/1.1\r\nHost: shop.example.com\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
 #[tokio::test]
@@ -24,13 +27,13 @@ async fn a_silent_connection_is_closed_after_the_sniff_timeout() {
     let h = start(|s| s.with_sniff_timeout(SECOND)).await;
     let sock = TcpStream::connect(h.http).await.expect("connect");
     assert!(
-        closed_within(sock, b"", SECOND, 4 * SECOND).await,
+        closed_within(sock, b"", SECOND, WITHIN).await,
         "a connection that sends nothing stays open"
     );
     // After TLS too: a client that completes the handshake and goes silent.
     let tls = tls_connect(&h, &[b"h2"]).await;
     assert!(
-        closed_within(tls, b"", SECOND, 4 * SECOND).await,
+        closed_within(tls, b"", SECOND, WITHIN).await,
         "a TLS connection that sends nothing stays open"
     );
     honest(h.http).await;
@@ -41,12 +44,12 @@ async fn a_head_trickled_byte_by_byte_is_cut_off() {
     let h = start(|s| s.with_header_read_timeout(SECOND)).await;
     let sock = TcpStream::connect(h.http).await.expect("connect");
     assert!(
-        closed_within(sock, TRICKLE, Duration::from_millis(50), 4 * SECOND).await,
+        closed_within(sock, TRICKLE, Duration::from_millis(50), WITHIN).await,
         "slowloris over plain HTTP/1 keeps its connection"
     );
     let tls = tls_connect(&h, &[b"http/1.1"]).await;
     assert!(
-        closed_within(tls, TRICKLE, Duration::from_millis(50), 4 * SECOND).await,
+        closed_within(tls, TRICKLE, Duration::from_millis(50), WITHIN).await,
         "slowloris over HTTP/1 after TLS keeps its connection"
     );
     honest(h.http).await;
@@ -103,7 +106,7 @@ async fn a_slow_upload_gets_408() {
     };
     tokio::select! {
         () = trickle => {}
-        _ = tokio::time::timeout(5 * SECOND, read) => {}
+        _ = tokio::time::timeout(WITHIN, read) => {}
     }
     let text = String::from_utf8_lossy(&buf);
     assert!(text.starts_with("HTTP/1.1 408"), "answer: {text:?}");
@@ -112,18 +115,19 @@ async fn a_slow_upload_gets_408() {
 
 #[tokio::test]
 async fn the_response_timeout_starts_after_the_upload() {
-    // An upload of 1.5 s, longer than the response timeout, within the body timeout.
+    // An upload of 3 s, twice the response timeout, within the body timeout; the backend
+    // then has the whole response timeout (1.5 s) to answer.
     let h = start(|s| {
-        s.with_response_timeout(Duration::from_millis(500))
-            .with_request_body_timeout(10 * SECOND)
+        s.with_response_timeout(Duration::from_millis(1500))
+            .with_request_body_timeout(20 * SECOND)
     })
     .await;
     let mut sock = post_head(h.http, 10).await;
     for b in b"0123456789" {
         sock.write_all(&[*b]).await.expect("body");
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let line = status_line(&mut sock, 5 * SECOND).await;
+    let line = status_line(&mut sock, WITHIN).await;
     assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
 }
 
@@ -150,24 +154,25 @@ fn slow_relay(to: u16, delay: Duration) -> u16 {
 
 #[tokio::test]
 async fn the_body_timeout_starts_when_the_body_starts_to_go_to_the_backend() {
-    // The tunnel takes 1.5 s to open and the body 2.2 s to arrive: past a body timeout of
-    // 1.5 s counted from the request head, within it counted from the body's first read
-    // (once the tunnel is open), which is when the gateway starts it.
+    // The tunnel takes 2 s to open and the body 2.5 s to arrive: past a body timeout of
+    // 2 s counted from the request head, well within it counted from the body's first read
+    // (once the tunnel is open, with 0.5 s of the body left), which is when the gateway
+    // starts it.
     let h = start(|s| {
-        let relay = slow_relay(s.hbone_port, Duration::from_millis(1500));
+        let relay = slow_relay(s.hbone_port, 2 * SECOND);
         s.with_hbone_port(relay)
-            .with_request_body_timeout(Duration::from_millis(1500))
+            .with_request_body_timeout(2 * SECOND)
     })
     .await;
     let mut sock = post_head(h.http, 10).await;
     for b in b"0123456789" {
-        tokio::time::sleep(Duration::from_millis(220)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
         if sock.write_all(&[*b]).await.is_err() {
             // Answered (and closed) before the body's end: the status says why.
             break;
         }
     }
-    let line = status_line(&mut sock, 5 * SECOND).await;
+    let line = status_line(&mut sock, WITHIN).await;
     assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
 }
 
@@ -200,12 +205,13 @@ async fn drain(sock: &mut TcpStream, within: Duration) -> (usize, bool) {
 
 #[tokio::test]
 async fn a_client_that_stops_reading_is_closed_after_the_write_stall_timeout() {
-    let h = start(|s| s.with_write_stall_timeout(Duration::from_millis(300))).await;
+    // A second: an honest reader on a loaded machine may pause, but not for that long.
+    let h = start(|s| s.with_write_stall_timeout(SECOND)).await;
     // HTTP/1.1: the head of a 64 MiB answer, then nothing read.
     let mut h1 = small_buffer_connect(h.http).await;
     let get = format!("GET /huge HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
     h1.write_all(get.as_bytes()).await.expect("request");
-    let line = status_line(&mut h1, 5 * SECOND).await;
+    let line = status_line(&mut h1, WITHIN).await;
     assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
     // HTTP/2: windows opened wide, so that only the socket holds the answer back; its
     // HEADERS, then nothing read.
@@ -221,7 +227,7 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_stall_timeout() {
     block.splice(4..4, *b"/huge");
     out.extend(frame(HEADERS, END_HEADERS | END_STREAM, 1, &block));
     h2.write_all(&out).await.expect("requests");
-    let answered = tokio::time::timeout(5 * SECOND, async {
+    let answered = tokio::time::timeout(WITHIN, async {
         loop {
             let mut head = [0u8; 9];
             h2.read_exact(&mut head).await.expect("frame head");
@@ -240,15 +246,14 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_stall_timeout() {
         .header("host", HOST)
         .body(Full::new(Bytes::new()))
         .expect("request");
-    let (answer, ()) = tokio::join!(
-        tokio::time::timeout(5 * SECOND, request(h.http, big)),
-        tokio::time::sleep(2 * SECOND + SECOND / 2),
-    );
-    let answer = answer.expect("honest answer in time");
+    // Neither stalled client reads for three write-stall timeouts: the stall the gateway
+    // must see, with room for a loaded machine to run its timer late (reading earlier would
+    // let the answer flow again).
+    let (answer, ()) = tokio::join!(request_in_time(h.http, big), tokio::time::sleep(3 * SECOND));
     assert_eq!((answer.status, answer.body.len()), (200, 4 << 20));
-    // By now the gateway has given up on both: what the sockets held, then the end.
+    // The gateway has given up on both: what the sockets held, then the end.
     let ((read1, ended1), (read2, ended2)) =
-        tokio::join!(drain(&mut h1, 6 * SECOND), drain(&mut h2, 6 * SECOND));
+        tokio::join!(drain(&mut h1, WITHIN), drain(&mut h2, WITHIN));
     assert!(
         ended1 && read1 < HUGE,
         "HTTP/1.1: {read1} bytes, ended: {ended1}"
@@ -296,7 +301,7 @@ async fn a_backend_that_reads_no_body_and_never_answers_gets_504() {
     };
     tokio::select! {
         () = upload => {}
-        _ = tokio::time::timeout(6 * SECOND, read) => {}
+        _ = tokio::time::timeout(WITHIN, read) => {}
     }
     let text = String::from_utf8_lossy(&buf);
     assert!(text.starts_with("HTTP/1.1 504"), "answer: {text:?}");
@@ -310,7 +315,7 @@ async fn a_body_over_the_limit_gets_413() {
         .header("host", HOST)
         .body(Full::new(Bytes::from(vec![b'a'; 2000])))
         .expect("request");
-    let answer = request(h.http, req).await;
+    let answer = request_in_time(h.http, req).await;
     assert_eq!(answer.status, 413, "{answer:?}");
     // Chunked: cut off once it grows past the limit.
     let mut sock = TcpStream::connect(h.http).await.expect("connect");
@@ -323,32 +328,72 @@ async fn a_body_over_the_limit_gets_413() {
     }
     req.extend_from_slice(b"0\r\n\r\n");
     sock.write_all(&req).await.expect("request");
-    let line = status_line(&mut sock, 5 * SECOND).await;
+    let line = status_line(&mut sock, WITHIN).await;
     assert_eq!(line.as_deref(), Some("HTTP/1.1 413 Payload Too Large"));
     // Within the limit: forwarded.
     let req = http::Request::post("/")
         .header("host", HOST)
         .body(Full::new(Bytes::from(vec![b'a'; 1000])))
         .expect("request");
-    let answer = request(h.http, req).await;
+    let answer = request_in_time(h.http, req).await;
     assert_eq!((answer.status, answer.body.as_str()), (200, "got 1000"));
+}
+
+/// An HTTP/1.1 connection to `addr` that has had one answer (so the gateway has accepted and
+/// counted it), kept open until the sender is dropped.
+async fn answered_connection(
+    addr: SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let sock = TcpStream::connect(addr).await.expect("connect");
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(sock))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let resp = tokio::time::timeout(WITHIN, send.send_request(get(&[])))
+        .await
+        .expect("answered in time")
+        .expect("answer");
+    assert_eq!(resp.status(), 200);
+    send
 }
 
 #[tokio::test]
 async fn connections_beyond_the_cap_are_closed_at_once() {
     let h = start(|s| s.with_max_connections(2)).await;
-    let first = TcpStream::connect(h.http).await.expect("connect");
-    let second = TcpStream::connect(h.http).await.expect("connect");
-    // Let the gateway accept both.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first = answered_connection(h.http).await;
+    let second = answered_connection(h.http).await;
     let third = TcpStream::connect(h.http).await.expect("connect");
     assert!(
-        closed_within(third, b"", SECOND, 2 * SECOND).await,
+        closed_within(third, b"", SECOND, WITHIN).await,
         "a connection beyond the cap stays open"
     );
+    // The place comes back once the gateway has seen the first connection end.
     drop(first);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    honest(h.http).await;
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let sock = TcpStream::connect(h.http).await.expect("connect");
+        let attempt = async {
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(sock))
+                    .await
+                    .ok()?;
+            tokio::spawn(conn);
+            send.send_request(get(&[])).await.ok()
+        };
+        let status = tokio::time::timeout(WITHIN, attempt)
+            .await
+            .expect("answered or closed in time")
+            .map(|resp| resp.status());
+        if status == Some(http::StatusCode::OK) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no place came back after a connection closed: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     drop(second);
 }
 
@@ -366,10 +411,13 @@ async fn an_idle_http2_connection_is_closed() {
     let req = http::Request::get(format!("http://{HOST}/"))
         .body(Full::new(Bytes::new()))
         .expect("request");
-    let resp = send.send_request(req).await.expect("answer");
+    let resp = tokio::time::timeout(WITHIN, send.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("answer");
     assert_eq!(resp.status(), 200);
     drop(resp);
-    let ended = tokio::time::timeout(4 * SECOND, conn).await;
+    let ended = tokio::time::timeout(WITHIN, conn).await;
     assert!(ended.is_ok(), "an idle HTTP/2 connection stays open");
 }
 
@@ -383,7 +431,7 @@ async fn an_http2_client_that_does_not_answer_pings_is_closed() {
     sock.write_all(&h2_preface()).await.expect("preface");
     // Reads (and ignores) every frame, PINGs included.
     assert!(
-        closed_within(sock, b"", SECOND, 4 * SECOND).await,
+        closed_within(sock, b"", SECOND, WITHIN).await,
         "a client that answers no PING stays connected"
     );
 }
@@ -395,7 +443,7 @@ async fn forwarding_headers_are_kept_only_from_trusted_proxies() {
         ("forwarded", "for=203.0.113.9"),
     ];
     let h = start(|s| s).await;
-    let answer = request(h.http, get(&spoofed)).await;
+    let answer = request_in_time(h.http, get(&spoofed)).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.headers["x-seen-xff"], "127.0.0.1");
     let forwarded = answer.headers["x-seen-forwarded"].to_str().expect("ascii");
@@ -403,7 +451,7 @@ async fn forwarding_headers_are_kept_only_from_trusted_proxies() {
     assert!(forwarded.starts_with("for=127.0.0.1;"), "{forwarded}");
 
     let h = start(|s| s.with_trusted_proxies(["127.0.0.0/8".parse().expect("cidr")])).await;
-    let answer = request(h.http, get(&spoofed)).await;
+    let answer = request_in_time(h.http, get(&spoofed)).await;
     assert_eq!(answer.headers["x-seen-xff"], "203.0.113.9, 127.0.0.1");
     let forwarded = answer.headers["x-seen-forwarded"].to_str().expect("ascii");
     assert!(
@@ -415,13 +463,13 @@ async fn forwarding_headers_are_kept_only_from_trusted_proxies() {
 #[tokio::test]
 async fn backend_headers_are_sent_only_when_asked() {
     let h = start(|s| s).await;
-    let answer = request(h.http, get(&[])).await;
+    let answer = request_in_time(h.http, get(&[])).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     assert!(!answer.headers.contains_key(BACKEND_WORKLOAD), "{answer:?}");
     assert!(!answer.headers.contains_key(BACKEND_IDENTITY), "{answer:?}");
 
     let h = start(|s| s.with_backend_headers(true)).await;
-    let answer = request(h.http, get(&[])).await;
+    let answer = request_in_time(h.http, get(&[])).await;
     assert_eq!(answer.headers[BACKEND_WORKLOAD], "web-1");
     assert_eq!(
         answer.headers[BACKEND_IDENTITY],

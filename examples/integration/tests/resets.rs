@@ -242,11 +242,15 @@ async fn a_backend_reset_mid_response_never_reaches_a_client_of_the_gateway_as_c
             .expect("the request reached the application")
             .unwrap();
         let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut byte = [0u8; 1];
-            app.read_exact(&mut byte).await.unwrap();
-            head.push(byte[0]);
-        }
+        tokio::time::timeout(PATIENCE, async {
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                app.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+        })
+        .await
+        .expect("the request head reached the application");
         app.write_all(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n")
             .await
             .unwrap();

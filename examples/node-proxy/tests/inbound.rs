@@ -25,6 +25,9 @@ use tokio::sync::watch;
 /// The HBONE port of these tests (each test has loopback addresses of its own).
 const HBONE: u16 = 25008;
 const NODE: &str = "node-a";
+/// Bound on every wait for something that must happen: far above what it needs, so that a
+/// loaded machine does not fail it.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 fn td() -> TrustDomain {
     TrustDomain::new("cluster.local").unwrap()
@@ -134,7 +137,7 @@ async fn connect_status(client: &Client, me: &SpiffeId, destination: SocketAddr)
         me.clone(),
         id("web"),
     );
-    match tokio::time::timeout(Duration::from_secs(10), client.open(target))
+    match tokio::time::timeout(PATIENCE, client.open(target))
         .await
         .expect("CONNECT answered in time")
     {
@@ -173,18 +176,24 @@ async fn an_xds_workload_is_reached_only_on_its_services_target_ports() {
     );
     let (client, me) = client(&ca);
 
-    let mut tunnel = client
-        .open(Target::new(
+    let mut tunnel = tokio::time::timeout(
+        PATIENCE,
+        client.open(Target::new(
             SocketAddr::new(addr, HBONE),
             SocketAddr::new(addr, app),
             me.clone(),
             id("web"),
-        ))
-        .await
-        .expect("the service's target port is reachable");
+        )),
+    )
+    .await
+    .expect("CONNECT answered in time")
+    .expect("the service's target port is reachable");
     tunnel.write_all(b"ping").await.unwrap();
     let mut buf = [0; 4];
-    tunnel.read_exact(&mut buf).await.unwrap();
+    tokio::time::timeout(PATIENCE, tunnel.read_exact(&mut buf))
+        .await
+        .expect("echoed in time")
+        .unwrap();
     assert_eq!(&buf, b"ping");
 
     // Another application listening on the workload's address is not the mesh's to reach.
@@ -256,10 +265,22 @@ async fn a_reserved_wildcard_address_is_refused_on_every_workload_address() {
     );
 }
 
-/// A CA that never answers for the identities in `silent`, and signs the others.
+/// A CA that never answers for the identities in `silent`, and signs the others; `asked`
+/// says when a silent identity has been asked for.
 struct SilentCa {
     inner: TestCa,
     silent: Mutex<BTreeSet<SpiffeId>>,
+    asked: watch::Sender<bool>,
+}
+
+impl SilentCa {
+    fn new(silent: SpiffeId) -> Self {
+        Self {
+            inner: TestCa::new(td()),
+            silent: Mutex::new(BTreeSet::from([silent])),
+            asked: watch::Sender::new(false),
+        }
+    }
 }
 
 impl CaClient for SilentCa {
@@ -268,6 +289,7 @@ impl CaClient for SilentCa {
         request: &'a CertificateRequest,
     ) -> BoxFuture<'a, Result<Vec<CertificateDer<'static>>, CaError>> {
         if self.silent.lock().unwrap().contains(&request.id) {
+            self.asked.send_replace(true);
             return Box::pin(std::future::pending());
         }
         self.inner.sign(request)
@@ -277,10 +299,7 @@ impl CaClient for SilentCa {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_ca_does_not_hold_up_mesh_updates() {
     let (web, slow, web2) = (ip(31), ip(32), ip(33));
-    let ca = Arc::new(SilentCa {
-        inner: TestCa::new(td()),
-        silent: Mutex::new(BTreeSet::from([id("slow")])),
-    });
+    let ca = Arc::new(SilentCa::new(id("slow")));
     let bundles = ca.inner.bundle_set();
     let config = NodeProxyConfig::new(NODE, td()).with_hbone_port(HBONE);
     let mesh = |workloads: Vec<Workload>| MeshConfig {
@@ -302,7 +321,11 @@ async fn a_silent_ca_does_not_hold_up_mesh_updates() {
         file_workload("web-1", "web", web),
         file_workload("slow-1", "slow", slow),
     ]));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // (the node proxy asks the CA for it, and gets no answer)...
+    tokio::time::timeout(PATIENCE, ca.asked.subscribe().wait_for(|asked| *asked))
+        .await
+        .expect("the node proxy asked for slow's certificate in time")
+        .expect("the CA is alive");
     // ...then web-1 leaves and web-2 joins: both apply while the CA stays silent.
     tx.send_replace(mesh(vec![
         file_workload("slow-1", "slow", slow),
@@ -310,7 +333,7 @@ async fn a_silent_ca_does_not_hold_up_mesh_updates() {
     ]));
     let mut inbound = proxy.watch_inbound();
     tokio::time::timeout(
-        Duration::from_secs(3),
+        PATIENCE,
         inbound.wait_for(|addrs| *addrs == BTreeSet::from([hbone(web2)])),
     )
     .await
@@ -322,10 +345,7 @@ async fn a_silent_ca_does_not_hold_up_mesh_updates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_returns_when_the_ca_stays_silent() {
     let slow = ip(41);
-    let ca = Arc::new(SilentCa {
-        inner: TestCa::new(td()),
-        silent: Mutex::new(BTreeSet::from([id("slow")])),
-    });
+    let ca = Arc::new(SilentCa::new(id("slow")));
     let bundles = ca.inner.bundle_set();
     let mut config = NodeProxyConfig::new(NODE, td()).with_hbone_port(HBONE);
     config.startup_timeout = Duration::from_millis(500);
@@ -333,11 +353,8 @@ async fn start_returns_when_the_ca_stays_silent() {
         workloads: vec![file_workload("slow-1", "slow", slow)],
         services: Vec::new(),
     };
-    let (proxy, _tx) = tokio::time::timeout(
-        Duration::from_secs(5),
-        start(config, mesh, ca.clone(), bundles),
-    )
-    .await
-    .expect("start returns");
+    let (proxy, _tx) = tokio::time::timeout(PATIENCE, start(config, mesh, ca.clone(), bundles))
+        .await
+        .expect("start returns");
     assert!(proxy.inbound_addrs().is_empty());
 }

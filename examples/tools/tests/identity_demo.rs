@@ -1,12 +1,14 @@
 //! The identity demo, run as a user runs it: it must pass every check and say so.
 
 use std::process::Command;
+use std::time::Duration;
 
 #[test]
 fn identity_demo_passes_its_checks() {
-    let out = Command::new(env!("CARGO_BIN_EXE_identity-demo"))
-        .output()
-        .expect("run identity-demo");
+    let out = meshkit_test_support::output_within(
+        &mut Command::new(env!("CARGO_BIN_EXE_identity-demo")),
+        Duration::from_secs(60),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");

@@ -65,6 +65,22 @@ fn id(s: &str) -> SpiffeId {
 /// Starts the backend app, an HBONE server in front of it, and a gateway with the settings
 /// `tune` makes of the defaults (the HBONE port already set).
 pub async fn start(tune: impl FnOnce(GatewaySettings) -> GatewaySettings) -> Harness {
+    start_with(tune, |_| {}).await
+}
+
+/// Bound on a wait for something that must happen: far above what it needs, so that a loaded
+/// machine does not fail it.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// [`start`], with the gateway's configuration as `configure` makes it of the default one:
+/// [`HOST`] routed to service `web` (port 80, named `http`, to the app), whose one endpoint is
+/// workload `web-1` on 127.0.0.1 with identity `ns/shop/sa/web`. The HBONE server on
+/// 127.0.0.1 presents that identity and forwards to any port of 127.0.0.1, so a service
+/// whose endpoint is 127.0.0.1 with another target port reaches whatever listens there.
+pub async fn start_with(
+    tune: impl FnOnce(GatewaySettings) -> GatewaySettings,
+    configure: impl FnOnce(&mut GatewayConfig),
+) -> Harness {
     let td = TrustDomain::new("cluster.local").expect("td");
     let ca = TestCa::new(td.clone());
     let gateway_id = id("spiffe://cluster.local/ns/istio-system/sa/ingress-gateway");
@@ -95,7 +111,7 @@ pub async fn start(tune: impl FnOnce(GatewaySettings) -> GatewaySettings) -> Har
     let cert = rcgen::generate_simple_self_signed(vec![HOST.to_owned()]).expect("cert");
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.cert.der().clone()).expect("root");
-    let config = GatewayConfig {
+    let mut config = GatewayConfig {
         ingresses: meshkit_ingress_model::manifest::from_yaml_str(INGRESS).expect("ingress"),
         secrets: vec![TlsCertificate {
             namespace: "shop".into(),
@@ -127,6 +143,7 @@ pub async fn start(tune: impl FnOnce(GatewaySettings) -> GatewaySettings) -> Har
         },
         ..GatewayConfig::default()
     };
+    configure(&mut config);
     let (config_tx, config_rx) = tokio::sync::watch::channel(config);
     let client = Client::new(
         ClientConfig::default(),
@@ -247,6 +264,34 @@ pub struct Answer {
     pub status: u16,
     pub headers: http::HeaderMap,
     pub body: String,
+}
+
+/// [`request`], failing when no answer has come within [`PATIENCE`].
+pub async fn request_in_time(addr: SocketAddr, req: http::Request<Full<Bytes>>) -> Answer {
+    tokio::time::timeout(PATIENCE, request(addr, req))
+        .await
+        .expect("answered in time")
+}
+
+/// Writes `raw` on a new connection to `addr` and reads the answer's status line, failing
+/// when none has come within [`PATIENCE`]; for requests a well-behaved client does not send.
+pub async fn raw_status_line(addr: SocketAddr, raw: &[u8]) -> String {
+    let mut sock = TcpStream::connect(addr).await.expect("connect");
+    sock.write_all(raw).await.expect("request");
+    let mut buf = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(2).any(|w| w == b"\r\n") {
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .expect("a status line or the end in time");
+    let text = String::from_utf8_lossy(&buf);
+    text.lines().next().unwrap_or_default().to_owned()
 }
 
 /// One HTTP/1.1 request on a new connection to `addr`.
