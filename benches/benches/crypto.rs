@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group};
-use meshkit_benches::{Ratio, report_ratios};
+use meshkit_benches::{Ratio, Run};
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
     Authorize, SpiffeId, SpiffeVerifier, TlsSettings, TrustDomain, prefer_aes_128_gcm,
@@ -52,7 +52,14 @@ impl Session {
             wire: Vec::with_capacity(2 * CHUNK),
             plain: vec![0; CHUNK],
         };
+        // Bounded: a handshake that stops making progress fails here instead of spinning.
+        let mut flights = 0;
         while session.client.is_handshaking() || session.server.is_handshaking() {
+            flights += 1;
+            assert!(
+                flights <= 16,
+                "in-memory handshake unfinished after 16 flights"
+            );
             move_records(&mut session.client, &mut session.server, &mut session.wire);
             move_records(&mut session.server, &mut session.client, &mut session.wire);
         }
@@ -130,9 +137,10 @@ fn record_layer(c: &mut Criterion) {
 criterion_group!(benches, record_layer);
 
 fn main() {
+    let run = Run::start();
     benches();
     Criterion::default().configure_from_args().final_summary();
-    report_ratios(&[Ratio {
+    run.report_ratios(&[Ratio {
         group: GROUP,
         subject: "aws-lc-rs",
         baseline: "ring",

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group};
-use meshkit_benches::{Ratio, report_ratios};
+use meshkit_benches::{Ratio, Run};
 use meshkit_hbone::{Client, ClientConfig, Decision, Server, ServerConfig, Target, decide_fn};
 // HBONE's buffers under rustls, which "TLS, buffered" gets too.
 use meshkit_hbone::{TLS_READ_BUFFER as READ_BUFFER, TLS_WRITE_BUFFER as WRITE_BUFFER};
@@ -90,6 +90,19 @@ impl Ends {
             _stop: stop,
         }
     }
+}
+
+/// Bound on each benchmark's setup (connects, handshakes, tunnel opens, a first transfer): a
+/// setup that stalls fails naming itself instead of hanging.
+const SETUP_BOUND: Duration = Duration::from_secs(60);
+
+/// Runs the setup step `what` on `rt`, failing if it takes longer than [`SETUP_BOUND`].
+fn setup<F: std::future::Future>(rt: &Runtime, what: &str, fut: F) -> F::Output {
+    rt.block_on(async {
+        tokio::time::timeout(SETUP_BOUND, fut)
+            .await
+            .unwrap_or_else(|_| panic!("bench setup `{what}` not done within {SETUP_BOUND:?}"))
+    })
 }
 
 /// A loopback listener for a server end; made blocking-free so either runtime can adopt it.
@@ -339,20 +352,21 @@ fn bench_throughput(c: &mut Criterion) {
     let tcp_addr = tcp_server(server, Peer::Sink);
     let tls_addr = tls_server(server, &pki, Peer::Sink, false);
     let tls_buffered_addr = tls_server(server, &pki, Peer::Sink, true);
-    let (mut tcp, mut tls, mut tls_buffered, mut hbone, _client) = rt.block_on(async {
-        let client = pki.client();
-        let tunnel = client.open(target(hbone_addr, Peer::Sink)).await.unwrap();
-        (
-            tcp_connect(tcp_addr).await,
-            tls_connect(&pki, tls_addr, false, |s| s).await,
-            tls_connect(&pki, tls_buffered_addr, true, |s| {
-                BufReader::with_capacity(READ_BUFFER, s)
-            })
-            .await,
-            tunnel,
-            client,
-        )
-    });
+    let (mut tcp, mut tls, mut tls_buffered, mut hbone, _client) =
+        setup(rt, "bulk connects", async {
+            let client = pki.client();
+            let tunnel = client.open(target(hbone_addr, Peer::Sink)).await.unwrap();
+            (
+                tcp_connect(tcp_addr).await,
+                tls_connect(&pki, tls_addr, false, |s| s).await,
+                tls_connect(&pki, tls_buffered_addr, true, |s| {
+                    BufReader::with_capacity(READ_BUFFER, s)
+                })
+                .await,
+                tunnel,
+                client,
+            )
+        });
 
     let mut g = c.benchmark_group("bulk_64mib");
     g.throughput(Throughput::Bytes(BULK as u64));
@@ -405,7 +419,7 @@ fn round_trip_group(c: &mut Criterion, name: &str, rt: &Runtime, server: &Handle
     let hbone_addr = hbone_server(server, &pki);
     let tcp_addr = tcp_server(server, Peer::Echo);
     let tls_addr = tls_server(server, &pki, Peer::Echo, false);
-    let (tcp, tls, hbone, _client) = rt.block_on(async {
+    let (tcp, tls, hbone, _client) = setup(rt, "round-trip connects", async {
         let client = pki.client();
         let tunnel = client.open(target(hbone_addr, Peer::Echo)).await.unwrap();
         (
@@ -460,7 +474,7 @@ fn bench_open(c: &mut Criterion) {
     let (rt, handle) = (&ends.client, &ends.server);
     let pki = Pki::new();
     let server = hbone_server(handle, &pki);
-    let warm = rt.block_on(async {
+    let warm = setup(rt, "warm client's first tunnel", async {
         let client = pki.client();
         drop(client.open(target(server, Peer::Echo)).await.unwrap());
         client
@@ -550,7 +564,7 @@ fn bench_stalled_readers(c: &mut Criterion) {
     let (rt, handle) = (&ends.client, &ends.server);
     let pki = Pki::new();
     let server = hbone_server(handle, &pki);
-    let (alone, shared, _stalled) = rt.block_on(async {
+    let (alone, shared, _stalled) = setup(rt, "stalled tunnels", async {
         let (alone, shared) = (pki.client(), pki.client());
         pull_bulk(&alone, server).await;
         let mut stalled = Vec::new();
@@ -608,14 +622,21 @@ fn profile_round_trips(spec: &str) {
     let n = n as u64;
     match kind {
         "tls" => {
-            let tls = rt.block_on(tls_connect(&pki, tls_addr, false, |s| s));
+            let tls = setup(
+                &rt,
+                "TLS connect",
+                tls_connect(&pki, tls_addr, false, |s| s),
+            );
             round_trips(&rt, &mut Some(tls), n);
         }
         "hbone" => {
             let client = pki.client();
-            let tunnel = rt
-                .block_on(client.open(target(hbone_addr, Peer::Echo)))
-                .unwrap();
+            let tunnel = setup(
+                &rt,
+                "tunnel open",
+                client.open(target(hbone_addr, Peer::Echo)),
+            )
+            .unwrap();
             round_trips(&rt, &mut Some(tunnel), n);
         }
         other => panic!("unknown transport {other}"),
@@ -627,9 +648,10 @@ fn main() {
         profile_round_trips(&spec);
         return;
     }
+    let run = Run::start();
     benches();
     Criterion::default().configure_from_args().final_summary();
-    report_ratios(&[
+    run.report_ratios(&[
         Ratio {
             group: "bulk_64mib",
             subject: "hbone",

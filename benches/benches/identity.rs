@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group};
-use meshkit_benches::{Ratio, report_ratios};
+use meshkit_benches::{Ratio, Run};
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
     Authorize, PeerRole, SpiffeId, SpiffeVerifier, SvidResolver, TlsSettings, TrustDomain, X509Svid,
@@ -93,7 +93,14 @@ fn handshake(client: &Arc<ClientConfig>, server: &Arc<ServerConfig>) {
     let mut c = ClientConnection::new(client.clone(), name).unwrap();
     let mut s = ServerConnection::new(server.clone()).unwrap();
     let mut buf = Vec::with_capacity(16 * 1024);
+    // Bounded: a handshake that stops making progress fails here instead of spinning.
+    let mut flights = 0;
     while c.is_handshaking() || s.is_handshaking() {
+        flights += 1;
+        assert!(
+            flights <= 16,
+            "in-memory handshake unfinished after 16 flights"
+        );
         buf.clear();
         while c.wants_write() {
             c.write_tls(&mut buf).unwrap();
@@ -186,9 +193,10 @@ fn bench_handshake(c: &mut Criterion) {
 criterion_group!(benches, bench_parse, bench_chain, bench_handshake);
 
 fn main() {
+    let run = Run::start();
     benches();
     Criterion::default().configure_from_args().final_summary();
-    report_ratios(&[
+    run.report_ratios(&[
         Ratio {
             group: "spiffe_id_parse",
             subject: "meshkit",

@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group};
-use meshkit_benches::{Ratio, report_ratios};
+use meshkit_benches::{Ratio, Run};
 use meshkit_ingress_model::k8s::io::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use meshkit_ingress_model::{
     HttpIngressPath, HttpIngressRuleValue, Ingress, IngressBackend, IngressRule, IngressRuleValue,
@@ -215,6 +215,7 @@ fn route_lookup(c: &mut Criterion) {
 criterion_group!(benches, route_lookup);
 
 fn main() {
+    let run = Run::start();
     benches();
     Criterion::default().configure_from_args().final_summary();
     let groups: Vec<String> = SIZES.iter().map(|n| format!("ingress_route_{n}")).collect();
@@ -226,5 +227,5 @@ fn main() {
             baseline: "linear_scan",
         })
         .collect();
-    report_ratios(&ratios);
+    run.report_ratios(&ratios);
 }
