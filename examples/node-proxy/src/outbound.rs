@@ -64,7 +64,12 @@ pub(super) async fn serve(
         connections.spawn(async move {
             match targets {
                 Ok(targets) => tunnel(sock, source, &service, targets, client).await,
-                Err(reason) => tracing::info!(%source, %service, reason, "outbound refused"),
+                Err(reason) => {
+                    tracing::info!(%source, %service, reason, "outbound refused; resetting the connection");
+                    // As when no endpoint answers: a reset, never an empty answer that ends
+                    // like a complete one.
+                    let _ = sock.set_zero_linger();
+                }
             }
         });
     }
