@@ -316,7 +316,11 @@ async fn a_delta_stream_past_its_names_ends_with_resource_exhausted() {
         .await
         .unwrap();
     }
-    let first = responses.message().await.unwrap().unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), responses.message())
+        .await
+        .expect("the first answer within 10 s")
+        .unwrap()
+        .unwrap();
     assert_eq!(first.resources[0].name, "a1");
     let err = loop {
         match tokio::time::timeout(Duration::from_secs(10), responses.message())
