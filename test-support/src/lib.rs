@@ -6,6 +6,70 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod openmetrics;
+
+/// A plain HTTP/1.1 GET of `path` on `addr` (`Connection: close`, 20 s bound on every read
+/// and write): the status code and the body. For admin endpoints.
+///
+/// # Panics
+///
+/// When the connection fails or the answer is not HTTP.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    sock.set_write_timeout(Some(Duration::from_secs(20)))
+        .expect("write timeout");
+    write!(
+        sock,
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )
+    .expect("sending the request");
+    let (raw, end) = read_until_end(&mut sock);
+    end.unwrap_or_else(|e| panic!("reading the answer to GET {path}: {e}"));
+    let raw = String::from_utf8(raw).expect("a UTF-8 answer");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status code");
+    let chunked = head
+        .lines()
+        .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, body)
+}
+
+/// The body of a chunked answer.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").expect("a chunk size");
+        let size = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+}
+
+/// Scrapes `/metrics` on `addr` and parses it strictly ([`openmetrics::parse`]).
+///
+/// # Panics
+///
+/// When the answer is not 200 or does not parse.
+pub fn scrape(addr: std::net::SocketAddr) -> openmetrics::Exposition {
+    let (status, body) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "GET /metrics: {body}");
+    openmetrics::parse(&body).unwrap_or_else(|e| panic!("the scrape does not parse: {e}\n{body}"))
+}
+
 /// A loopback port nothing listens on right now.
 ///
 /// # Panics

@@ -30,6 +30,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use control_plane::ControlPlaneArgs;
+pub use meshkit_admin::LogFilter;
 
 use meshkit_identity::{
     RotationConfig, SpiffeId, TlsSettings, TrustBundle, TrustBundleSet, TrustDomain, X509Svid,
@@ -203,6 +204,29 @@ pub fn init_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+/// As [`init_logging`], with the filter changeable while the program runs: the returned
+/// [`LogFilter`] sets it from a filter string (`debug`, `meshkit_hbone=debug,info`), for the
+/// admin endpoint's `/logging?level=`.
+pub fn init_logging_with_filter() -> LogFilter {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let initial =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(initial);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .init();
+    LogFilter::new(move |spec| {
+        let filter = tracing_subscriber::EnvFilter::try_new(spec).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    })
 }
 
 /// Logs warnings and errors only (unless `RUST_LOG` says otherwise), for programs whose own
