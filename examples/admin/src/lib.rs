@@ -8,6 +8,8 @@
 //! | `/config_dump` | the part's current configuration as JSON ([`Admin::with_config_dump`]) |
 //! | `/logging?level=FILTER` | sets the log filter ([`Admin::with_log_filter`]); without `level`, shows how to use it |
 //!
+//! It also formats access-log lines ([`AccessLog`]), the same way in every part.
+//!
 //! An embedding service either mounts [`Admin::handle`] on a server of its own, or runs
 //! [`Admin::serve`] on a listener (by default on localhost: the endpoint is unauthenticated,
 //! and `/logging` changes the process).
@@ -41,7 +43,10 @@
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod access;
 mod process;
+
+pub use access::{AccessLog, Field};
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
