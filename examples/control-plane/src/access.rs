@@ -37,6 +37,7 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 
 use crate::ca::TokenGrants;
+use crate::metrics::XdsMetrics;
 
 /// What a token may be over ADS.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -63,6 +64,7 @@ pub enum XdsRole {
 pub struct TokenAccess {
     grants: Arc<TokenGrants>,
     views: Arc<Mutex<Views>>,
+    metrics: Option<XdsMetrics>,
 }
 
 /// The views of the current snapshot, per role.
@@ -76,6 +78,9 @@ struct Views {
 struct ClientAccess {
     role: XdsRole,
     views: Arc<Mutex<Views>>,
+    metrics: Option<XdsMetrics>,
+    /// The `pilot_xds` gauge this stream counts in, once its node was accepted.
+    connected: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 
 // === impl XdsRole ===
@@ -134,6 +139,17 @@ impl XdsRole {
             Self::Node(node) => node_view(snapshot, node),
             Self::Gateway(_) => gateway_view(snapshot, None),
             Self::GatewayOfClass { class, .. } => gateway_view(snapshot, Some(class)),
+        }
+    }
+}
+
+/// The token file word: `node=NAME`, `gateway=NAME` or `gateway=NAME:CLASS`.
+impl std::fmt::Display for XdsRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Node(name) => write!(f, "node={name}"),
+            Self::Gateway(name) => write!(f, "gateway={name}"),
+            Self::GatewayOfClass { name, class } => write!(f, "gateway={name}:{class}"),
         }
     }
 }
@@ -264,7 +280,15 @@ impl TokenAccess {
         Self {
             grants: Arc::new(grants),
             views: Arc::default(),
+            metrics: None,
         }
+    }
+
+    /// Counts the streams whose node was accepted in `metrics` (`pilot_xds`), until they
+    /// end.
+    pub fn with_metrics(mut self, metrics: XdsMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 }
 
@@ -294,6 +318,8 @@ impl AccessPolicy for TokenAccess {
             Some(role) => Ok(Box::new(ClientAccess {
                 role: role.clone(),
                 views: Arc::clone(&self.views),
+                metrics: self.metrics.clone(),
+                connected: None,
             })),
             None if self.grants.knows(token) => Err(Status::permission_denied(
                 "this token may not use xDS (it has no node= or gateway= role)",
@@ -321,23 +347,41 @@ fn node_name_metadata(node: &Node) -> Option<&str> {
 
 // === impl ClientAccess ===
 
-impl StreamAccess for ClientAccess {
-    fn check_node(&mut self, node: &Node) -> Result<(), Status> {
+impl ClientAccess {
+    fn accepts(&self, node: &Node) -> bool {
         if self.role.accepts_node_id(&node.id) {
-            return Ok(());
+            return true;
         }
         // ztunnel's id is `ztunnel~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN`; its node is the
         // NODE_NAME of its metadata.
-        if let XdsRole::Node(name) = &self.role
-            && node.id.split('~').count() == 4
-            && node_name_metadata(node) == Some(name.as_str())
-        {
-            return Ok(());
+        matches!(&self.role, XdsRole::Node(name)
+            if node.id.split('~').count() == 4
+                && node_name_metadata(node) == Some(name.as_str()))
+    }
+}
+
+impl Drop for ClientAccess {
+    fn drop(&mut self) {
+        if let Some(gauge) = &self.connected {
+            XdsMetrics::disconnected(gauge);
         }
-        Err(Status::permission_denied(format!(
-            "node {:?} is not the node this token belongs to",
-            node.id
-        )))
+    }
+}
+
+impl StreamAccess for ClientAccess {
+    fn check_node(&mut self, node: &Node) -> Result<(), Status> {
+        if !self.accepts(node) {
+            return Err(Status::permission_denied(format!(
+                "node {:?} is not the node this token belongs to",
+                node.id
+            )));
+        }
+        if self.connected.is_none()
+            && let Some(metrics) = &self.metrics
+        {
+            self.connected = Some(metrics.connected(node));
+        }
+        Ok(())
     }
 
     fn view(&mut self, snapshot: &Arc<Snapshot>) -> Arc<Snapshot> {

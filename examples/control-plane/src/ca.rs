@@ -11,7 +11,7 @@
 //! the identity from them; here whoever holds a token file line holds those identities, so the
 //! file must be protected like a key. See `docs/control-plane.md`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::path::Path;
 use std::pin::Pin;
@@ -23,7 +23,7 @@ use meshkit_identity::istio::{
     CertificateSigner, IstioCaServer, IstioCertificateRequest, IstioCertificateResponse,
     requested_validity,
 };
-use meshkit_identity::{BoxFuture, CaSigner, ErrorChain, SpiffeId, certs_to_pem};
+use meshkit_identity::{BoxFuture, CaSigner, ErrorChain, SignError, SpiffeId, certs_to_pem};
 use meshkit_xds_server::{Admission, AdmissionDeadline};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -32,6 +32,8 @@ use tonic::Status;
 use tonic::codegen::{Service, http};
 use tonic::server::NamedService;
 use tonic::transport::server::Connected;
+
+use crate::metrics::{CaMetrics, CaRefusal};
 
 /// Default validity of issued certificates when the request names none.
 pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(24 * 3600);
@@ -60,6 +62,7 @@ pub struct TokenSigner {
     ca: CaSigner,
     grants: TokenGrants,
     max_csr_bytes: usize,
+    metrics: CaMetrics,
 }
 
 /// A problem with the token file.
@@ -203,6 +206,33 @@ impl TokenGrants {
     pub fn knows(&self, token: &str) -> bool {
         self.patterns(token).is_some() || self.xds_role(token).is_some()
     }
+
+    /// What each token grants, never the token: its identities (`spiffe://.../*` for a
+    /// prefix) and its xDS role, one JSON object per token, in an order that does not
+    /// depend on the tokens.
+    pub(crate) fn describe(&self) -> Vec<serde_json::Value> {
+        let tokens: BTreeSet<&String> = self.grants.keys().chain(self.roles.keys()).collect();
+        let mut entries: Vec<(String, Vec<String>)> = tokens
+            .into_iter()
+            .map(|token| {
+                let role = self.roles.get(token).map(ToString::to_string);
+                let identities = self
+                    .grants
+                    .get(token)
+                    .map(|patterns| patterns.iter().map(IdPattern::to_string).collect())
+                    .unwrap_or_default();
+                (role.unwrap_or_default(), identities)
+            })
+            .collect();
+        entries.sort();
+        entries
+            .into_iter()
+            .map(|(role, identities)| {
+                let role = (!role.is_empty()).then_some(role);
+                serde_json::json!({ "xds_role": role, "identities": identities })
+            })
+            .collect()
+    }
 }
 
 impl std::fmt::Debug for TokenGrants {
@@ -235,6 +265,15 @@ fn parse_pattern(pattern: &str) -> Result<IdPattern, CaConfigError> {
         .map_err(|e| CaConfigError(format!("{pattern:?} is not a SPIFFE ID: {e}")))
 }
 
+impl std::fmt::Display for IdPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exact(id) => write!(f, "{id}"),
+            Self::Prefix(prefix) => write!(f, "{prefix}*"),
+        }
+    }
+}
+
 impl IdPattern {
     fn matches(&self, id: &SpiffeId) -> bool {
         match self {
@@ -254,7 +293,16 @@ impl TokenSigner {
             ca: ca.with_max_validity(MAX_VALIDITY),
             grants,
             max_csr_bytes: CaLimits::default().max_csr_bytes,
+            metrics: CaMetrics::default(),
         }
+    }
+
+    /// Counts every decision in `metrics` (the `citadel_server_*` and
+    /// `meshkit_ca_requests_refused` families of [`crate::metrics`]); the service of
+    /// [`CaLimits::service`] counts its refusals there too.
+    pub fn with_metrics(mut self, metrics: CaMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Refuses CSRs longer than `bytes` (PEM) with `INVALID_ARGUMENT`, before parsing them
@@ -270,46 +318,87 @@ impl TokenSigner {
     }
 
     /// The whole decision, without gRPC plumbing: token from `authorization`, identity from
-    /// the CSR, grant check, signature.
+    /// the CSR, grant check, signature; counted in the signer's metrics.
     fn decide(
         &self,
         authorization: Option<&str>,
         request: &IstioCertificateRequest,
     ) -> Result<IstioCertificateResponse, Status> {
+        self.metrics.csr();
+        match self.try_decide(authorization, request) {
+            Ok(response) => {
+                self.metrics.issued();
+                Ok(response)
+            }
+            Err((reason, status)) => {
+                self.metrics.refused(reason);
+                Err(status)
+            }
+        }
+    }
+
+    fn try_decide(
+        &self,
+        authorization: Option<&str>,
+        request: &IstioCertificateRequest,
+    ) -> Result<IstioCertificateResponse, (CaRefusal, Status)> {
         let token = authorization
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| Status::unauthenticated("a bearer token is required"))?;
+            .ok_or_else(|| {
+                (
+                    CaRefusal::Unauthenticated,
+                    Status::unauthenticated("a bearer token is required"),
+                )
+            })?;
         if self.grants.patterns(token).is_none() {
-            return Err(Status::unauthenticated("unknown bootstrap token"));
+            return Err((
+                CaRefusal::Unauthenticated,
+                Status::unauthenticated("unknown bootstrap token"),
+            ));
         }
         if request.csr.len() > self.max_csr_bytes {
-            return Err(Status::invalid_argument(format!(
-                "the CSR is {} bytes, more than the CA's limit of {}",
-                request.csr.len(),
-                self.max_csr_bytes
-            )));
+            return Err((
+                CaRefusal::Limit,
+                Status::invalid_argument(format!(
+                    "the CSR is {} bytes, more than the CA's limit of {}",
+                    request.csr.len(),
+                    self.max_csr_bytes
+                )),
+            ));
         }
-        let id = CaSigner::csr_spiffe_id(&request.csr)
-            .map_err(|e| Status::invalid_argument(ErrorChain(&e).to_string()))?;
+        let id = CaSigner::csr_spiffe_id(&request.csr).map_err(|e| {
+            self.metrics.bad_csr(names_no_id(&e));
+            (
+                CaRefusal::InvalidCsr,
+                Status::invalid_argument(ErrorChain(&e).to_string()),
+            )
+        })?;
         if id.trust_domain() != *self.ca.trust_domain() {
-            return Err(Status::permission_denied(format!(
-                "{id} is not in trust domain {}",
-                self.ca.trust_domain()
-            )));
+            return Err((
+                CaRefusal::PermissionDenied,
+                Status::permission_denied(format!(
+                    "{id} is not in trust domain {}",
+                    self.ca.trust_domain()
+                )),
+            ));
         }
         if !self.grants.allows(token, &id) {
             tracing::warn!(%id, "CA: token may not request this identity");
-            return Err(Status::permission_denied(format!(
-                "this token may not request {id}"
-            )));
+            return Err((
+                CaRefusal::PermissionDenied,
+                Status::permission_denied(format!("this token may not request {id}")),
+            ));
         }
         let validity = requested_validity(request, DEFAULT_VALIDITY).min(MAX_VALIDITY);
-        let mut chain = self
-            .ca
-            .sign_csr(&request.csr, &id, validity)
-            .map_err(|e| Status::invalid_argument(ErrorChain(&e).to_string()))?;
+        let mut chain = self.ca.sign_csr(&request.csr, &id, validity).map_err(|e| {
+            tracing::warn!(%id, error = %ErrorChain(&e), "CA: signing failed");
+            (
+                CaRefusal::SignError,
+                Status::invalid_argument(ErrorChain(&e).to_string()),
+            )
+        })?;
         // Istio's protocol: the chain ends with the root.
         chain.push(self.ca.root().clone());
         tracing::info!(%id, validity_secs = validity.as_secs(), "CA: certificate issued");
@@ -320,6 +409,17 @@ impl TokenSigner {
                 .collect(),
         })
     }
+}
+
+/// Whether a CSR error is about its identity (istiod's "ID extraction") rather than its
+/// encoding or signature.
+fn names_no_id(error: &SignError) -> bool {
+    matches!(
+        error,
+        SignError::CsrSanCount { .. }
+            | SignError::CsrSanNotUri
+            | SignError::CsrUriNotSpiffeId { .. }
+    )
 }
 
 impl std::fmt::Debug for TokenSigner {
@@ -418,10 +518,11 @@ impl CaLimits {
     /// The CA service for `signer` with these limits: the CSR size, the message sizes and
     /// the concurrent calls. Add it to a server from [`CaLimits::server`].
     pub fn service(&self, signer: TokenSigner) -> ConcurrencyLimited<IstioCaServer<TokenSigner>> {
+        let metrics = signer.metrics.clone();
         let ca = IstioCaServer::new(signer.with_max_csr_bytes(self.max_csr_bytes))
             .max_decoding_message_size(self.max_decoding_message_size)
             .max_encoding_message_size(self.max_encoding_message_size);
-        ConcurrencyLimited::new(ca, self.max_concurrent_requests)
+        ConcurrencyLimited::new(ca, self.max_concurrent_requests).with_metrics(metrics)
     }
 
     /// The connections of `incoming` as the CA serves them: at most
@@ -462,6 +563,7 @@ pub struct ConcurrencyLimited<S> {
     inner: S,
     permits: Arc<Semaphore>,
     max: usize,
+    metrics: Option<CaMetrics>,
 }
 
 impl<S> ConcurrencyLimited<S> {
@@ -471,7 +573,15 @@ impl<S> ConcurrencyLimited<S> {
             inner,
             permits: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
             max,
+            metrics: None,
         }
+    }
+
+    /// Counts the calls refused for the limit in `metrics` (`meshkit_ca_requests_refused`
+    /// with `reason="limit"`).
+    pub fn with_metrics(mut self, metrics: CaMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 }
 
@@ -499,6 +609,9 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
             tracing::warn!(max = self.max, "CA call refused: too many in progress");
+            if let Some(metrics) = &self.metrics {
+                metrics.refused(CaRefusal::Limit);
+            }
             let status = Status::resource_exhausted(format!(
                 "the CA has its limit of {} calls in progress; retry later",
                 self.max

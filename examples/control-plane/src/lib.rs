@@ -9,11 +9,30 @@
 //!   changed; the workload API types come from meshkit-mesh.
 //! - [`ca`]: `IstioCertificateService/CreateCertificate` with bootstrap-token authorization,
 //!   signing with meshkit-identity's [`CaSigner`].
+//! - [`metrics`]: Prometheus metrics with istiod's names (`pilot_xds`, `pilot_xds_pushes`,
+//!   `pilot_total_xds_rejects`, `citadel_server_*`), served with readiness, a config dump
+//!   and the log filter by meshkit-admin's [`Admin`] ([`ControlPlane::admin`]).
 //!
 //! [`ControlPlane::start`] runs all of it: it loads the folder, serves ADS and the CA, and
 //! re-reads the folder when a file changes (polled every 200 ms by default; a change is
 //! loaded once two polls in a row see the same contents). A load with any error
 //! changes nothing that is served; the errors are logged and published in [`LoadStatus`].
+//!
+//! # Admin endpoint
+//!
+//! With [`ControlPlaneConfig::with_admin_addr`] (the `control-plane` binary's
+//! `--admin-addr`, default `127.0.0.1:15014`, istiod's monitoring port) the control plane
+//! serves, on that address and before it binds anything else:
+//!
+//! | path | answer |
+//! |---|---|
+//! | `/healthz/ready` | `200` once the manifests were loaded once without error, the serving certificate exists (TLS) and the ADS and CA listeners are bound; `503 not ready: waiting for ...` with what is missing otherwise, and from the start of [`ControlPlane::shutdown`] on |
+//! | `/metrics`, `/stats/prometheus` | the [`metrics`], build info and process metrics (OpenMetrics text) |
+//! | `/config_dump` | JSON: listeners; the manifests' load status; per type URL, the snapshot's version and each resource's name and version (never its contents); the CA root's subject and validity; the serving certificate's names and validity; per token, the identities and xDS role it grants (never the token) |
+//! | `/logging?level=FILTER` | sets the log filter, when [`ControlPlaneConfig::with_log_filter`] gave the means |
+//!
+//! Without an address nothing more is bound: an embedding service mounts
+//! [`Admin::handle`] of [`ControlPlane::admin`] on a server of its own.
 //!
 //! ```no_run
 //! use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
@@ -42,14 +61,17 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod access;
+mod admin;
 pub mod ca;
 pub mod manifests;
+pub mod metrics;
 pub mod tls;
 pub mod translate;
 
 use std::hash::Hasher;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use meshkit_identity::TrustDomain;
@@ -59,8 +81,11 @@ use tokio::task::JoinHandle;
 
 use ca::{CaLimits, TokenGrants, TokenSigner};
 use manifests::{ManifestError, ManifestSet};
+pub use meshkit_admin::{Admin, LogFilter, Readiness};
+use meshkit_admin::{Condition, Registry};
 use meshkit_identity::{CaLoadError, CaSigner};
 use meshkit_xds_server::{AdsServer, ServerConfig, Snapshot, SnapshotCache};
+use metrics::{ControlPlaneMetrics, ManifestMetrics};
 use tls::{ServingTls, TlsSetupError};
 use translate::TranslateOptions;
 
@@ -95,7 +120,7 @@ pub enum StartError {
     /// A listener could not be bound.
     #[error("cannot listen for {what} on {addr}")]
     Bind {
-        /// Which listener: `ADS` or `the CA`.
+        /// Which listener: `ADS`, `the CA` or `the admin endpoint`.
         what: &'static str,
         /// The address.
         addr: SocketAddr,
@@ -152,6 +177,14 @@ pub struct ControlPlaneConfig {
     /// cannot hold the connection slots whatever it sends. Default 64 (a node proxy or a
     /// gateway keeps one or two).
     pub max_connections_per_source: usize,
+    /// Where to serve the admin endpoint (readiness, metrics, config dump, log filter; see
+    /// the [crate] documentation). It is unauthenticated: keep it on loopback. Default
+    /// `None`: not served, [`ControlPlane::admin`] is there to mount. The `control-plane`
+    /// binary's default is `127.0.0.1:15014`.
+    pub admin_addr: Option<SocketAddr>,
+    /// What `/logging?level=` sets. Default `None`: the admin endpoint cannot change the
+    /// log filter.
+    pub log_filter: Option<LogFilter>,
 }
 
 /// The outcome of the latest load of the manifest folder.
@@ -170,11 +203,17 @@ pub struct LoadStatus {
 pub struct ControlPlane {
     ads_addr: SocketAddr,
     ca_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     root_pem: String,
     /// The serving certificate's first DNS name, when serving TLS.
     server_name: Option<String>,
     cache: SnapshotCache,
     status: watch::Receiver<LoadStatus>,
+    admin: Admin,
+    metrics: ControlPlaneMetrics,
+    /// The readiness conditions of the listeners and the certificate; the manifests' is the
+    /// watcher's.
+    _conditions: Vec<Arc<Condition>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -198,7 +237,22 @@ impl ControlPlaneConfig {
             ca_limits: CaLimits::default(),
             tls: Some(ServingTls::default()),
             max_connections_per_source: 64,
+            admin_addr: None,
+            log_filter: None,
         }
+    }
+
+    /// Serves the admin endpoint on `addr` (port 0 for any; see
+    /// [`ControlPlaneConfig::admin_addr`]).
+    pub fn with_admin_addr(mut self, addr: SocketAddr) -> Self {
+        self.admin_addr = Some(addr);
+        self
+    }
+
+    /// Lets the admin endpoint's `/logging?level=` set the log filter with `filter`.
+    pub fn with_log_filter(mut self, filter: LogFilter) -> Self {
+        self.log_filter = Some(filter);
+        self
     }
 
     /// Serves TLS as `tls` says (the default is [`ServingTls::default`]).
@@ -284,6 +338,57 @@ impl ControlPlane {
     ///
     /// Not cancel safe: cancelling may leave the listeners bound until the runtime drops them.
     pub async fn start(config: ControlPlaneConfig) -> Result<Self, StartError> {
+        if config.tls.is_none() {
+            for (what, addr) in [("ADS", config.ads_addr), ("the CA", config.ca_addr)] {
+                if !addr.ip().is_loopback() {
+                    return Err(StartError::PlaintextNotLoopback { what, addr });
+                }
+            }
+        }
+        let readiness = Readiness::default();
+        let manifests_loaded = readiness.condition("the manifests' first load");
+        let certificate = Arc::new(readiness.condition("the serving certificate"));
+        let ads_bound = Arc::new(readiness.condition("the ADS listener"));
+        let ca_bound = Arc::new(readiness.condition("the CA listener"));
+        let metrics = ControlPlaneMetrics::new();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+
+        let cache = SnapshotCache::new(Snapshot::default());
+        let (status_tx, status) = watch::channel(LoadStatus::default());
+        let facts = Arc::new(OnceLock::new());
+        let dump = admin::Dump {
+            dir: config.manifest_dir.clone(),
+            cache: cache.clone(),
+            status: status.clone(),
+            facts: Arc::clone(&facts),
+        };
+        let mut admin = Admin::new("control-plane", registry)
+            .with_readiness(readiness)
+            .with_config_dump(move || dump.render());
+        if let Some(filter) = &config.log_filter {
+            admin = admin.with_log_filter(filter.clone());
+        }
+        let (stop, _) = watch::channel(false);
+        let mut tasks = Vec::new();
+        // First, so that a probe during start-up is told what is missing.
+        let admin_addr = match config.admin_addr {
+            Some(addr) => {
+                let (listener, bound) = bind("the admin endpoint", addr).await?;
+                if !bound.ip().is_loopback() {
+                    tracing::warn!(addr = %bound, "the admin endpoint is unauthenticated and not on loopback");
+                }
+                let serving = admin.clone().serve(listener, stop_signal(&stop));
+                tasks.push(tokio::spawn(async move {
+                    if let Err(e) = serving.await {
+                        tracing::error!(error = %e, "admin endpoint failed");
+                    }
+                }));
+                Some(bound)
+            }
+            None => None,
+        };
+
         let mut translate = config.translate.clone();
         translate.trust_domain = config.trust_domain.as_str().to_owned();
         let keys = match &config.ca {
@@ -296,12 +401,9 @@ impl ControlPlane {
             }
         };
         let root_pem = keys.root_pem();
-        if config.tls.is_none() {
-            for (what, addr) in [("ADS", config.ads_addr), ("the CA", config.ca_addr)] {
-                if !addr.ip().is_loopback() {
-                    return Err(StartError::PlaintextNotLoopback { what, addr });
-                }
-            }
+        let root_summary = admin::cert_summary(keys.root().as_ref());
+        if let Some(expiry) = admin::not_after_unix(keys.root().as_ref()) {
+            metrics.ca().set_root_expiry(expiry);
         }
         let mut serving_cert = None;
         let acceptor = match &config.tls {
@@ -313,18 +415,30 @@ impl ControlPlane {
             }
             None => None,
         };
+        // Plaintext has no certificate to wait for.
+        certificate.set_ready();
         let server_name = config
             .tls
             .as_ref()
             .and_then(|t| t.dns_names.first().cloned());
-        let signer = TokenSigner::new(keys, config.grants.clone());
+        let signer =
+            TokenSigner::new(keys, config.grants.clone()).with_metrics(metrics.ca().clone());
         let ca_limits = config.ca_limits.clone();
 
         let (ads_listener, ads_addr) = bind("ADS", config.ads_addr).await?;
         let (ca_listener, ca_addr) = bind("the CA", config.ca_addr).await?;
+        ads_bound.set_ready();
+        ca_bound.set_ready();
+        let _ = facts.set(admin::Facts {
+            ads_addr,
+            ca_addr,
+            admin_addr,
+            trust_domain: config.trust_domain.as_str().to_owned(),
+            root: root_summary,
+            serving: serving_cert.clone(),
+            grants: config.grants.describe(),
+        });
 
-        let cache = SnapshotCache::new(Snapshot::default());
-        let (status_tx, status) = watch::channel(LoadStatus::default());
         let mut watcher = Watcher {
             dir: config.manifest_dir.clone(),
             translate,
@@ -332,25 +446,31 @@ impl ControlPlane {
             status: status_tx,
             fingerprint: None,
             pending: None,
+            loaded: manifests_loaded,
+            metrics: metrics.manifests().clone(),
         };
         watcher.check();
 
-        let (stop, _) = watch::channel(false);
-        let mut tasks = Vec::new();
         let stopped = stop_signal(&stop);
         // Delta clients resuming with many resources send them all in their first request.
         let ads = AdsServer::new(cache.clone())
             .with_config(ServerConfig::default().max_decoding_message_size(16 * 1024 * 1024))
-            .with_access(access::TokenAccess::new(config.grants.clone()))
+            .with_access(
+                access::TokenAccess::new(config.grants.clone()).with_metrics(metrics.xds().clone()),
+            )
+            .with_observer(metrics.xds().clone())
             .with_stop(stop.subscribe());
         let per_source = config.max_connections_per_source;
         let ads_incoming = tls::incoming(ads_listener, acceptor.clone(), per_source);
+        let ads_up = Arc::clone(&ads_bound);
         tasks.push(tokio::spawn(async move {
             if let Err(e) = ads.serve_with_incoming(ads_incoming, stopped).await {
+                ads_up.set_unready();
                 tracing::error!(error = %e, "ADS server failed");
             }
         }));
         let stopped = stop_signal(&stop);
+        let ca_up = Arc::clone(&ca_bound);
         tasks.push(tokio::spawn(async move {
             let incoming = ca_limits.connections(tls::incoming(ca_listener, acceptor, per_source));
             let result = ca_limits
@@ -359,6 +479,7 @@ impl ControlPlane {
                 .serve_with_incoming_shutdown(incoming, stopped)
                 .await;
             if let Err(e) = result {
+                ca_up.set_unready();
                 tracing::error!(error = %e, "CA server failed");
             }
         }));
@@ -377,14 +498,25 @@ impl ControlPlane {
                 }
             }
         }));
-        tracing::info!(%ads_addr, %ca_addr, tls = server_name.is_some(), dir = %config.manifest_dir.display(), "control plane started");
+        tracing::info!(
+            %ads_addr,
+            %ca_addr,
+            admin_addr = admin_addr.map(tracing::field::display),
+            tls = server_name.is_some(),
+            dir = %config.manifest_dir.display(),
+            "control plane started"
+        );
         Ok(Self {
             ads_addr,
             ca_addr,
+            admin_addr,
             root_pem,
             server_name,
             cache,
             status,
+            admin,
+            metrics,
+            _conditions: vec![certificate, ads_bound, ca_bound],
             stop,
             tasks,
         })
@@ -393,6 +525,23 @@ impl ControlPlane {
     /// The bound ADS address.
     pub fn ads_addr(&self) -> SocketAddr {
         self.ads_addr
+    }
+
+    /// The bound admin address, when [`ControlPlaneConfig::admin_addr`] asked for one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The admin endpoint (readiness, metrics, config dump, log filter), to mount with
+    /// [`Admin::handle`] on a server of one's own; the same one that
+    /// [`ControlPlaneConfig::admin_addr`] serves.
+    pub fn admin(&self) -> &Admin {
+        &self.admin
+    }
+
+    /// The metrics the admin endpoint serves.
+    pub fn metrics(&self) -> &ControlPlaneMetrics {
+        &self.metrics
     }
 
     /// `https://ADS_ADDR` (or `http://` when serving plaintext), for
@@ -470,8 +619,10 @@ impl ControlPlane {
         self.status.clone()
     }
 
-    /// Stops serving (open streams end, listeners close) and waits for the tasks.
+    /// Stops serving (readiness turns 503 first, then open streams end and listeners
+    /// close) and waits for the tasks.
     pub async fn shutdown(mut self) {
+        self.admin.readiness().start_draining();
         self.stop.send_replace(true);
         for task in std::mem::take(&mut self.tasks) {
             if tokio::time::timeout(Duration::from_secs(2), task)
@@ -526,6 +677,9 @@ struct Watcher {
     fingerprint: Option<u64>,
     /// A changed fingerprint seen once, loaded if the next check sees it again.
     pending: Option<u64>,
+    /// Holds once a load has been applied.
+    loaded: Condition,
+    metrics: ManifestMetrics,
 }
 
 impl Watcher {
@@ -553,6 +707,8 @@ impl Watcher {
                 self.cache.set(snapshot);
                 status.applied += 1;
                 status.errors.clear();
+                self.loaded.set_ready();
+                self.metrics.applied();
                 tracing::info!(
                     ingresses = set.ingresses.len(),
                     services = set.service_entries.len(),
@@ -565,6 +721,7 @@ impl Watcher {
                 for error in &errors.0 {
                     tracing::warn!(%error, "manifest rejected; still serving the last good configuration");
                 }
+                self.metrics.rejected(errors.0.len());
                 status.errors = errors.0;
             }
         }

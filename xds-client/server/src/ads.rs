@@ -82,6 +82,9 @@ struct Driver<V: Variant> {
     observer: Option<Arc<dyn RequestObserver>>,
     pending: VecDeque<V::Response>,
     finished: bool,
+    /// Why the stream ended, for the log line when it closes; `None` while it runs, and when
+    /// the transport dropped it (the client went away).
+    ended: Option<String>,
     /// The stream's access rights, when the server has an [`AccessPolicy`].
     guard: Option<Guard>,
     _slot: SlotGuard<V>,
@@ -99,9 +102,15 @@ trait Variant: Send + Sized + 'static {
     type Request: Send + 'static;
     type Response: Clone + Send + 'static;
 
+    /// `SotW` or `Delta`, for the logs.
+    const NAME: &'static str;
+
     fn new(config: &ServerConfig) -> Self;
     fn observe(observer: &dyn RequestObserver, request: &Self::Request);
+    fn observe_response(observer: &dyn RequestObserver, response: &Self::Response);
     fn node(request: &Self::Request) -> Option<&Node>;
+    /// The node id the stream's state recorded; empty before one was named.
+    fn stream_node(&self) -> &str;
     fn try_handle_request(&mut self, request: Self::Request) -> Result<(), RequestError>;
     fn poll(&mut self, snapshot: &Snapshot) -> Vec<Self::Response>;
     fn slots(hub: &Hub) -> &Slots<Self::Response>;
@@ -331,6 +340,7 @@ impl AdsServer {
             observer: self.observer.clone(),
             pending: VecDeque::new(),
             finished: false,
+            ended: None,
             guard,
             _slot: SlotGuard {
                 hub: Arc::clone(&self.hub),
@@ -439,15 +449,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 // === impl Driver ===
 
 impl<V: Variant> Driver<V> {
-    /// The next item of the response stream; `None` ends it with status OK.
+    /// The next item of the response stream; `None` ends it with status OK. A response is
+    /// shown to the observer as it is handed to the transport.
     async fn next(&mut self) -> Option<Result<V::Response, Status>> {
+        let item = self.next_item().await;
+        if let (Some(Ok(response)), Some(observer)) = (&item, &self.observer) {
+            V::observe_response(&**observer, response);
+        }
+        item
+    }
+
+    /// Ends the stream, saying why in the log line of its close.
+    fn finish(&mut self, why: impl Into<String>) {
+        self.finished = true;
+        self.ended = Some(why.into());
+    }
+
+    async fn next_item(&mut self) -> Option<Result<V::Response, Status>> {
         if self.finished {
             return None;
         }
         loop {
             // An abort wins over anything queued, as a crash would.
-            if let Some(status) = self.abort.borrow_and_update().clone() {
-                self.finished = true;
+            let aborted = self.abort.borrow_and_update().clone();
+            if let Some(status) = aborted {
+                self.finish(format!("aborted: {}", status.message()));
                 return Some(Err(status));
             }
             if let Some(response) = self.pending.pop_front() {
@@ -458,12 +484,12 @@ impl<V: Variant> Driver<V> {
                 changed = self.abort.changed() => {
                     if changed.is_err() {
                         // The hub is gone, so is the server.
-                        self.finished = true;
+                        self.finish("the server is gone");
                         return None;
                     }
                 }
                 () = stopped(&mut self.stop) => {
-                    self.finished = true;
+                    self.finish("the server is stopping");
                     return None;
                 }
                 Some(response) = self.injected.recv() => return Some(Ok(response)),
@@ -476,30 +502,30 @@ impl<V: Variant> Driver<V> {
                             && let Err(status) = guard.check(V::node(&req))
                         {
                             tracing::warn!(%status, "ADS stream refused: node not accepted");
-                            self.finished = true;
+                            self.finish(format!("refused: {}", status.message()));
                             return Some(Err(status));
                         }
                         if let Err(e) = self.state.try_handle_request(req) {
                             tracing::warn!(error = %e, "ADS stream refused");
-                            self.finished = true;
+                            self.finish(format!("refused: {e}"));
                             return Some(Err(e.into()));
                         }
                         let snapshot = self.view();
                         self.pending.extend(self.state.poll(&snapshot));
                     }
                     Ok(None) => {
-                        self.finished = true;
+                        self.finish("the client ended it");
                         return None;
                     }
                     Err(status) => {
                         tracing::debug!(%status, "ADS stream ended");
-                        self.finished = true;
+                        self.finish(format!("the client's side failed: {}", status.message()));
                         return Some(Err(status));
                     }
                 },
                 changed = self.snapshots.changed() => {
                     if changed.is_err() {
-                        self.finished = true;
+                        self.finish("the snapshot cache is gone");
                         return None;
                     }
                     let snapshot = self.view();
@@ -533,6 +559,20 @@ async fn stopped(stop: &mut Option<watch::Receiver<bool>>) {
     }
 }
 
+/// The close of a stream is logged at info with its node, as its open is ("... ADS stream
+/// opened"), so that an operator sees every client come and go.
+impl<V: Variant> Drop for Driver<V> {
+    fn drop(&mut self) {
+        let node = self.state.stream_node();
+        let why = self.ended.as_deref().unwrap_or("the client went away");
+        if node.is_empty() {
+            tracing::debug!(reason = %why, "{} ADS stream closed before naming its node", V::NAME);
+        } else {
+            tracing::info!(%node, reason = %why, "{} ADS stream closed", V::NAME);
+        }
+    }
+}
+
 impl<V: Variant> Drop for SlotGuard<V> {
     fn drop(&mut self) {
         lock(V::slots(&self.hub)).remove(&self.id);
@@ -544,6 +584,7 @@ impl<V: Variant> Drop for SlotGuard<V> {
 impl Variant for SotwStream {
     type Request = DiscoveryRequest;
     type Response = DiscoveryResponse;
+    const NAME: &'static str = "SotW";
 
     fn new(config: &ServerConfig) -> Self {
         SotwStream::new(config)
@@ -551,8 +592,14 @@ impl Variant for SotwStream {
     fn observe(observer: &dyn RequestObserver, request: &DiscoveryRequest) {
         observer.on_sotw_request(request);
     }
+    fn observe_response(observer: &dyn RequestObserver, response: &DiscoveryResponse) {
+        observer.on_sotw_response(response);
+    }
     fn node(request: &DiscoveryRequest) -> Option<&Node> {
         request.node.as_ref()
+    }
+    fn stream_node(&self) -> &str {
+        self.node_id()
     }
     fn try_handle_request(&mut self, request: DiscoveryRequest) -> Result<(), RequestError> {
         SotwStream::try_handle_request(self, request)
@@ -568,6 +615,7 @@ impl Variant for SotwStream {
 impl Variant for DeltaStream {
     type Request = DeltaDiscoveryRequest;
     type Response = DeltaDiscoveryResponse;
+    const NAME: &'static str = "Delta";
 
     fn new(config: &ServerConfig) -> Self {
         DeltaStream::new(config)
@@ -575,8 +623,14 @@ impl Variant for DeltaStream {
     fn observe(observer: &dyn RequestObserver, request: &DeltaDiscoveryRequest) {
         observer.on_delta_request(request);
     }
+    fn observe_response(observer: &dyn RequestObserver, response: &DeltaDiscoveryResponse) {
+        observer.on_delta_response(response);
+    }
     fn node(request: &DeltaDiscoveryRequest) -> Option<&Node> {
         request.node.as_ref()
+    }
+    fn stream_node(&self) -> &str {
+        self.node_id()
     }
     fn try_handle_request(&mut self, request: DeltaDiscoveryRequest) -> Result<(), RequestError> {
         DeltaStream::try_handle_request(self, request)

@@ -94,6 +94,11 @@ impl DeltaStream {
         }
     }
 
+    /// The node id of the first request that named a node; empty before one did.
+    pub fn node_id(&self) -> &str {
+        &self.node
+    }
+
     /// Takes one request: records the node, logs ACK/NACK, updates the subscription. A request
     /// [`try_handle_request`](Self::try_handle_request) refuses is logged and ignored.
     pub fn handle_request(&mut self, req: DeltaDiscoveryRequest) {
@@ -366,6 +371,26 @@ mod tests {
         });
         let s3 = snapshot(&[(B, "b1", b"changed"), (B, "nope", b"now")]);
         assert!(st.poll(&s3).is_empty());
+    }
+
+    #[test]
+    fn the_node_id_is_the_first_one_named() {
+        let node = |id: &str| {
+            Some(envoy_types::pb::envoy::config::core::v3::Node {
+                id: id.into(),
+                ..Default::default()
+            })
+        };
+        let mut st = DeltaStream::default();
+        assert_eq!(st.node_id(), "");
+        for id in ["n1", "n2"] {
+            st.handle_request(DeltaDiscoveryRequest {
+                node: node(id),
+                type_url: A.into(),
+                ..Default::default()
+            });
+        }
+        assert_eq!(st.node_id(), "n1");
     }
 
     #[test]

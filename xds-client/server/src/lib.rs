@@ -18,7 +18,7 @@
 //! - [`AdsServer`]: the tonic service, a thin loop around those states, with bounds
 //!   ([`ServerConfig`]), authentication and per-client views ([`AccessPolicy`]: credentials
 //!   checked when a stream opens, the node of every request checked, each stream served its
-//!   own part of the snapshot), a hook that sees every request ([`RequestObserver`]), injection of
+//!   own part of the snapshot), a hook that sees every request and response ([`RequestObserver`]), injection of
 //!   raw responses and an abort (for tests and fault injection), graceful stop, and serving
 //!   over TCP or any incoming stream of connections (for TLS).
 //!

@@ -92,6 +92,11 @@ impl SotwStream {
         }
     }
 
+    /// The node id of the first request that named a node; empty before one did.
+    pub fn node_id(&self) -> &str {
+        &self.node
+    }
+
     /// Takes one request: records the node, logs ACK/NACK, updates the subscription. A request
     /// [`try_handle_request`](Self::try_handle_request) refuses is logged and ignored.
     pub fn handle_request(&mut self, req: DiscoveryRequest) {
@@ -316,6 +321,26 @@ mod tests {
         st.handle_request(sotw_req(B, &["b1", "b2"], "1"));
         let out = st.poll(&s2);
         assert_eq!(out[0].resources.len(), 2);
+    }
+
+    #[test]
+    fn the_node_id_is_the_first_one_named() {
+        let node = |id: &str| {
+            Some(envoy_types::pb::envoy::config::core::v3::Node {
+                id: id.into(),
+                ..Default::default()
+            })
+        };
+        let mut st = SotwStream::default();
+        assert_eq!(st.node_id(), "");
+        for id in ["n1", "n2"] {
+            st.handle_request(DiscoveryRequest {
+                node: node(id),
+                type_url: A.into(),
+                ..Default::default()
+            });
+        }
+        assert_eq!(st.node_id(), "n1");
     }
 
     #[test]

@@ -37,6 +37,8 @@ fn snapshot(value: &[u8]) -> Snapshot {
 struct Recorder {
     sotw: Mutex<Vec<DiscoveryRequest>>,
     delta: Mutex<Vec<DeltaDiscoveryRequest>>,
+    /// Nonces of the responses sent, both variants.
+    sent: Mutex<Vec<String>>,
 }
 
 impl RequestObserver for Recorder {
@@ -45,6 +47,12 @@ impl RequestObserver for Recorder {
     }
     fn on_delta_request(&self, request: &DeltaDiscoveryRequest) {
         self.delta.lock().unwrap().push(request.clone());
+    }
+    fn on_sotw_response(&self, response: &DiscoveryResponse) {
+        self.sent.lock().unwrap().push(response.nonce.clone());
+    }
+    fn on_delta_response(&self, response: &DeltaDiscoveryResponse) {
+        self.sent.lock().unwrap().push(response.nonce.clone());
     }
 }
 
@@ -199,6 +207,15 @@ async fn sotw_push_ack_inject_and_abort() {
         assert_eq!(queued, 1);
         assert_eq!(next(&mut rx).await.unwrap().unwrap().nonce, "scripted");
         assert_eq!(s.ads.inject_delta(DeltaDiscoveryResponse::default()), 0);
+        assert_eq!(
+            *s.recorder.sent.lock().unwrap(),
+            [
+                first.nonce.clone(),
+                pushed.nonce.clone(),
+                "scripted".to_owned()
+            ],
+            "every response sent observed, injected ones too"
+        );
 
         // Abort: UNAVAILABLE now, and for streams opened later.
         s.ads.abort(tonic::Status::unavailable("going away"));
@@ -252,6 +269,11 @@ async fn delta_push_and_graceful_stop() {
     assert_eq!(pushed.resources.len(), 1);
     assert!(pushed.removed_resources.is_empty(), "missing was said once");
     wait_until(|| s.recorder.delta.lock().unwrap().len() == 2).await;
+    assert_eq!(
+        *s.recorder.sent.lock().unwrap(),
+        [first.nonce.clone(), pushed.nonce.clone()],
+        "both responses observed"
+    );
 
     // Graceful stop: the stream ends with OK and the server returns although the client
     // keeps its side open.

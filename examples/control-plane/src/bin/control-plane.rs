@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use meshkit_cli::{CliError, init_logging, stop_signal};
+use meshkit_cli::{CliError, init_logging_with_filter, stop_signal};
+use meshkit_control_plane::LogFilter;
 use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::tls::ServingTls;
 use meshkit_control_plane::translate::TranslateOptions;
@@ -70,15 +71,19 @@ struct Args {
     /// still need tokens.
     #[arg(long)]
     plaintext: bool,
+    /// Admin endpoint (readiness, Prometheus metrics, config dump, log filter), istiod's
+    /// monitoring port by default. Unauthenticated: keep it on loopback.
+    #[arg(long, default_value = "127.0.0.1:15014")]
+    admin_addr: SocketAddr,
 }
 
 fn main() -> ExitCode {
-    init_logging();
+    let log_filter = init_logging_with_filter();
     let args = Args::parse();
-    meshkit_cli::run_main("control-plane", 2, run(args))
+    meshkit_cli::run_main("control-plane", 2, run(args, log_filter))
 }
 
-async fn run(args: Args) -> Result<(), CliError> {
+async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
     let trust_domain = args
         .trust_domain
         .parse()
@@ -109,7 +114,9 @@ async fn run(args: Args) -> Result<(), CliError> {
         .with_trust_domain(trust_domain)
         .with_grants(grants)
         .with_ca(ca)
-        .with_translate(translate);
+        .with_translate(translate)
+        .with_admin_addr(args.admin_addr)
+        .with_log_filter(log_filter);
     let config = if args.plaintext {
         config.with_plaintext()
     } else {
@@ -120,6 +127,9 @@ async fn run(args: Args) -> Result<(), CliError> {
         )
     };
     let cp = ControlPlane::start(config).await?;
+    if let Some(addr) = cp.admin_addr() {
+        tracing::info!(%addr, "admin endpoint: /healthz/ready /metrics /config_dump /logging");
+    }
     if let Some(path) = &args.root_out {
         std::fs::write(path, cp.root_pem())
             .map_err(|e| format!("cannot write the root to {}: {e}", path.display()))?;
