@@ -92,11 +92,15 @@ async fn control_plane_node_proxies_and_gateway_as_processes() {
     }
     let mut procs = Vec::new();
     for node in ["node-a", "node-b"] {
+        // Each node proxy's admin endpoint on a port of its own (the default, 15020, is one).
+        let admin = format!("127.0.0.1:{}", free_port());
         procs.push(spawn(
             meshkit_test_support::workspace_bin("node-proxy"),
             &[
                 "--node",
                 node,
+                "--admin-addr",
+                &admin,
                 "--xds",
                 &ads_url,
                 "--ca",

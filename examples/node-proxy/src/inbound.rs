@@ -1,20 +1,33 @@
 //! Inbound: HBONE from other nodes (and the gateway) to the workloads of this node.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::StatusCode;
-use meshkit_hbone::{ConnectRequest, Decision, Forward, Reason, Server, ServerConfig, decide_fn};
+use meshkit_hbone::{
+    ConnectRequest, Decision, Reason, Server, ServerConfig, Side, copy_bidirectional, decide_fn,
+};
 use meshkit_identity::{
     Authorize, ByDestinationIp, CaError, SpiffeId, SpiffeVerifier, SvidCache, TlsSettings,
     TrustBundleSet, X509Svid,
 };
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 
 use super::AbortOnDrop;
-use meshkit_mesh::MeshIndex;
+use crate::telemetry::{
+    Bytes, ConnRecord, Direction, FLAG_CONNECT, FLAG_DENY, FLAG_NONE, MeshView, OpenConnection,
+    PeerLabels, Servers, ServiceLabels, Telemetry,
+};
+use crate::trace;
+
+/// How long an inbound HBONE server may drain once told to: longer than any drain deadline,
+/// since [`NodeProxy::drain`](crate::NodeProxy::drain) enforces its own and then drops the
+/// servers.
+const SERVER_DRAIN_BOUND: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Which verified peers may open tunnels to this node's workloads.
 ///
@@ -49,7 +62,22 @@ impl InboundPolicy {
 
     /// Whether `peer` may open tunnels.
     pub fn admits(&self, peer: &SpiffeId) -> bool {
-        !self.deny.contains(peer) && self.allow.as_ref().is_none_or(|allow| allow.contains(peer))
+        self.refusal(peer).is_none()
+    }
+
+    /// Why `peer` may not open tunnels (the `reason` of the denials metric), if it may not.
+    fn refusal(&self, peer: &SpiffeId) -> Option<&'static str> {
+        if self.deny.contains(peer) {
+            Some("denied_identity")
+        } else if self
+            .allow
+            .as_ref()
+            .is_some_and(|allow| !allow.contains(peer))
+        {
+            Some("not_allowed_identity")
+        } else {
+            None
+        }
     }
 }
 
@@ -57,9 +85,11 @@ impl InboundPolicy {
 #[derive(Debug)]
 pub(super) struct InboundState {
     pub(super) node: String,
-    pub(super) index: watch::Receiver<Arc<MeshIndex>>,
+    pub(super) index: watch::Receiver<Arc<MeshView>>,
     pub(super) policy: Arc<watch::Sender<InboundPolicy>>,
-    pub(super) forward: Forward,
+    /// Time allowed to connect to a CONNECT's target (504 when it passes).
+    pub(super) connect_timeout: Duration,
+    pub(super) telemetry: Telemetry,
     /// Accepted tunnels per (verified peer, target).
     pub(super) accepted: Mutex<BTreeMap<(SpiffeId, SocketAddr), u64>>,
     /// The inbound HBONE port, bound on every local workload address.
@@ -86,58 +116,192 @@ impl InboundState {
 /// listeners, it is a workload of this node, it is the workload whose certificate the peer
 /// verified (the destination IP of the connection), and the port is one the workload serves
 /// ([`Workload::serves_port`](meshkit_mesh::Workload::serves_port)). Anything else is 403.
-/// An accepted tunnel lives as long as the policy admits its peer: a policy change that
-/// refuses the peer closes it.
+/// Then the target is dialled (503 when it refuses, 504 when the connect timeout passes) and
+/// the bytes copied both ways. An accepted tunnel lives as long as the policy admits its
+/// peer: a policy change that refuses the peer closes it.
+///
+/// Everything runs in a span per tunnel, with the `traceparent` the CONNECT carried.
 pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decision {
+    let traceparent = req
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= 512);
+    let trace_id = traceparent.and_then(trace::trace_id);
+    let span = tracing::info_span!(
+        "inbound",
+        peer = %req.peer,
+        src = %req.source,
+        target = %req.target,
+        traceparent = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+    );
+    if let Some(traceparent) = traceparent {
+        span.record("traceparent", tracing::field::display(traceparent));
+    }
+    if let Some(id) = trace_id {
+        span.record("trace_id", tracing::field::display(id));
+    }
+    let mut record = record(&state.index.borrow(), &req);
+    record.trace_id = trace_id.map(str::to_owned);
+    decide_in(state, req, record, span.clone())
+        .instrument(span)
+        .await
+}
+
+/// The record of an inbound connection: the original client (from `Forwarded`) when the
+/// workload at its address has the peer's verified identity, else the HBONE peer's address,
+/// and the labels of both ends.
+fn record(view: &MeshView, req: &ConnectRequest) -> ConnRecord {
+    let forwarded = req
+        .headers
+        .get(http::header::FORWARDED)
+        .and_then(|v| v.to_str().ok())
+        .and_then(forwarded_for);
+    let verified = |addr: SocketAddr| {
+        view.peer(addr.ip())
+            .filter(|p| p.principal == req.peer.as_str())
+            .cloned()
+    };
+    let (source_addr, source) = match forwarded.and_then(|a| Some((a, verified(a)?))) {
+        Some((addr, labels)) => (addr, labels),
+        None => {
+            let labels = verified(req.source)
+                .unwrap_or_else(|| Arc::new(PeerLabels::of_identity(&req.peer)));
+            (forwarded.unwrap_or(req.source), labels)
+        }
+    };
+    let mut record = ConnRecord::new(Direction::Inbound, source_addr);
+    record.source = source;
+    record.destination_addr = Some(req.target);
+    record.destination = view
+        .peer(req.target.ip())
+        .cloned()
+        .unwrap_or_else(PeerLabels::unknown);
+    record.service = view
+        .service_of(req.target.ip(), req.target.port())
+        .cloned()
+        .unwrap_or_else(ServiceLabels::unknown);
+    record
+}
+
+/// The address in a `Forwarded: for="ADDR"` header (the form the node proxies send).
+fn forwarded_for(value: &str) -> Option<SocketAddr> {
+    value.split([';', ',']).find_map(|pair| {
+        let (key, v) = pair.trim().split_once('=')?;
+        if !key.eq_ignore_ascii_case("for") {
+            return None;
+        }
+        v.trim_matches('"').parse().ok()
+    })
+}
+
+async fn decide_in(
+    state: &InboundState,
+    req: ConnectRequest,
+    record: ConnRecord,
+    span: tracing::Span,
+) -> Decision {
+    let telemetry = &state.telemetry;
+    let deny = |reason: &'static str, record: ConnRecord| {
+        telemetry.denied(reason);
+        telemetry.refused(record, FLAG_DENY);
+        Decision::refuse(StatusCode::FORBIDDEN)
+    };
     let mut policy = state.policy.subscribe();
-    if !policy.borrow_and_update().admits(&req.peer) {
+    let refusal = policy.borrow_and_update().refusal(&req.peer);
+    if let Some(reason) = refusal {
         tracing::info!(peer = %req.peer, target = %req.target, "inbound refused by policy");
-        return Decision::refuse(StatusCode::FORBIDDEN);
+        return deny(reason, record);
     }
     if state.is_own_listener(req.target) {
         tracing::info!(peer = %req.peer, target = %req.target, "inbound target is one of the node proxy's own listeners");
-        return Decision::refuse(StatusCode::FORBIDDEN);
+        return deny("own_listener", record);
     }
-    let local = {
+    let not_local = {
         let index = state.index.borrow();
-        index.workload(req.target.ip()).is_some_and(|(w, _)| {
-            w.node == state.node
-                && req.target.ip() == req.destination.ip()
-                && w.serves_port(req.target.port())
-        })
+        match index.workload(req.target.ip()) {
+            Some((w, _)) if w.node == state.node => {
+                if req.target.ip() != req.destination.ip() {
+                    Some("wrong_destination")
+                } else if !w.serves_port(req.target.port()) {
+                    Some("port_not_served")
+                } else {
+                    None
+                }
+            }
+            _ => Some("not_local_workload"),
+        }
     };
-    if !local {
-        tracing::info!(peer = %req.peer, target = %req.target, "inbound target is not a local workload");
-        return Decision::refuse(StatusCode::FORBIDDEN);
+    if let Some(reason) = not_local {
+        tracing::info!(peer = %req.peer, target = %req.target, reason, "inbound target is not a local workload");
+        return deny(reason, record);
     }
     tracing::debug!(peer = %req.peer, source = %req.source, target = %req.target, "inbound tunnel");
     let (peer, target) = (req.peer.clone(), req.target);
-    match state.forward.decide(req).await {
-        Decision::Accept(handler) => {
-            *state
-                .accepted
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry((peer.clone(), target))
-                .or_default() += 1;
-            Decision::accept(move |tunnel| async move {
-                // A tunnel cut by the policy is reset with CONNECT_ERROR, not CANCEL, so that
-                // the peer reads an error rather than a clean end of the data. The reason is
-                // set before the handler (and with it the tunnel) is dropped.
-                let reset = tunnel.reset_reason();
-                let revoked = async {
-                    refused(&mut policy, &peer).await;
-                    reset.set(Reason::CONNECT_ERROR);
-                };
-                tokio::select! {
-                    () = handler.run(tunnel) => {}
-                    () = revoked => {
-                        tracing::info!(%peer, %target, "closing inbound tunnel: the policy no longer admits its peer");
+    let upstream =
+        match tokio::time::timeout(state.connect_timeout, TcpStream::connect(target)).await {
+            Ok(Ok(sock)) => sock,
+            Ok(Err(e)) => {
+                tracing::info!(%target, error = %e, "inbound target unreachable");
+                telemetry.refused(record, FLAG_CONNECT);
+                return Decision::refuse(StatusCode::SERVICE_UNAVAILABLE);
+            }
+            Err(_) => {
+                tracing::info!(%target, "inbound target connect timed out");
+                telemetry.refused(record, FLAG_CONNECT);
+                return Decision::refuse(StatusCode::GATEWAY_TIMEOUT);
+            }
+        };
+    let _ = upstream.set_nodelay(true);
+    *state
+        .accepted
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry((peer.clone(), target))
+        .or_default() += 1;
+    let open = telemetry.open(record);
+    let telemetry = telemetry.clone();
+    Decision::accept(move |tunnel| {
+        async move {
+            // A tunnel cut by the policy is reset with CONNECT_ERROR, not CANCEL, so that the
+            // peer reads an error rather than a clean end of the data. The reason is set
+            // before the copy (and with it the tunnel) is dropped.
+            let reset = tunnel.reset_reason();
+            let revoked = async {
+                refused(&mut policy, &peer).await;
+                reset.set(Reason::CONNECT_ERROR);
+            };
+            tokio::select! {
+                copied = copy_bidirectional(tunnel, upstream) => match copied {
+                    Ok(copied) => {
+                        tracing::debug!(%peer, %target, sent = copied.to_tunnel, received = copied.from_tunnel, "inbound tunnel closed");
+                        open.finish(bytes(copied), FLAG_NONE);
                     }
+                    Err(e) => {
+                        tracing::debug!(%target, error = %meshkit_identity::ErrorChain(&e), "inbound tunnel reset");
+                        // Downstream, for the destination's node proxy, is the tunnel.
+                        let flag = OpenConnection::failure_flag(e.side(), Side::Tunnel);
+                        open.finish(bytes(e.copied()), flag);
+                    }
+                },
+                () = revoked => {
+                    tracing::info!(%peer, %target, "closing inbound tunnel: the policy no longer admits its peer");
+                    telemetry.denied("policy_changed");
+                    // The copy is dropped with its counts: the bytes are not known.
+                    open.finish(Bytes::default(), FLAG_DENY);
                 }
-            })
+            }
         }
-        other => other,
+        .instrument(span)
+    })
+}
+
+/// Istio's bytes of an inbound copy: received from the tunnel, sent back into it.
+fn bytes(copied: meshkit_hbone::Copied) -> Bytes {
+    Bytes {
+        received: copied.from_tunnel,
+        sent: copied.to_tunnel,
     }
 }
 
@@ -183,13 +347,22 @@ pub(super) struct Inbound {
     pub(super) pending: HashMap<IpAddr, (SpiffeId, AbortOnDrop)>,
     pub(super) fetched: mpsc::UnboundedSender<Fetched>,
     pub(super) published: watch::Sender<BTreeSet<SocketAddr>>,
+    /// The local workloads of the last reconcile.
+    pub(super) wanted: HashMap<IpAddr, SpiffeId>,
+    /// The local workloads whose certificate has arrived (served, or waiting for a retry of
+    /// their listener).
+    pub(super) certified: HashSet<IpAddr>,
+    /// The statistics of the HBONE server of each workload served.
+    pub(super) servers: Servers,
+    /// Turns true when the node proxy drains: each server stops accepting and sends GOAWAY.
+    pub(super) drain: watch::Receiver<bool>,
 }
 
 impl Inbound {
     /// Brings the listeners in line with the workloads of this node in `index`, at once:
     /// stops serving the workloads that left, and starts fetching the certificates of new ones
     /// (served when [`Inbound::fetched`] gets them).
-    pub(super) fn reconcile(&mut self, index: &MeshIndex) {
+    pub(super) fn reconcile(&mut self, index: &MeshView) {
         let wanted: HashMap<IpAddr, SpiffeId> = index
             .workloads_on(&self.state.node)
             .map(|(w, id)| (w.ip, id.clone()))
@@ -203,6 +376,7 @@ impl Inbound {
             .collect();
         for ip in gone {
             self.selector.remove(&ip);
+            lock(&self.servers).remove(&ip);
             if let Some((id, _task)) = self.serving.remove(&ip) {
                 tracing::info!(%ip, %id, "stopped serving inbound");
                 dropped.push(id);
@@ -221,12 +395,33 @@ impl Inbound {
                 self.certs.forget(&id);
             }
         }
-        for (ip, id) in wanted {
-            if !self.serving.contains_key(&ip) && !self.pending.contains_key(&ip) {
-                self.fetch(ip, id);
+        for (ip, id) in &wanted {
+            if !self.serving.contains_key(ip) && !self.pending.contains_key(ip) {
+                if self.wanted.get(ip) != Some(id) {
+                    self.certified.remove(ip);
+                }
+                self.fetch(*ip, id.clone());
             }
         }
+        self.certified.retain(|ip| wanted.contains_key(ip));
+        self.wanted = wanted;
         self.publish();
+    }
+
+    /// Tells readiness whether every local workload has its certificate and its listener.
+    fn report_readiness(&self) {
+        let telemetry = &self.state.telemetry;
+        telemetry.set_certificates_ready(self.wanted.keys().all(|ip| self.certified.contains(ip)));
+        telemetry.set_listeners_ready(self.wanted.keys().all(|ip| self.serving.contains_key(ip)));
+    }
+
+    /// Waits for every HBONE server to finish its drain (each stops accepting and sends GOAWAY
+    /// once [`Inbound::drain`] turns true, and ends when its tunnels have).
+    pub(super) async fn drained(&mut self) {
+        self.pending.clear();
+        for (_, task) in self.serving.values_mut() {
+            task.join().await;
+        }
     }
 
     /// Whether certificates are still being fetched.
@@ -247,6 +442,9 @@ impl Inbound {
             return true;
         }
         self.pending.remove(&ip);
+        if result.is_ok() {
+            self.certified.insert(ip);
+        }
         let served = result
             .map_err(Into::into)
             .and_then(|svid| self.serve(ip, svid));
@@ -275,11 +473,11 @@ impl Inbound {
                 result,
             });
         });
-        self.pending
-            .insert(ip, (id, AbortOnDrop(task.abort_handle())));
+        self.pending.insert(ip, (id, AbortOnDrop::new(task)));
     }
 
     fn publish(&self) {
+        self.report_readiness();
         let addrs: BTreeSet<SocketAddr> = self
             .serving
             .keys()
@@ -315,13 +513,25 @@ impl Inbound {
         });
         let server =
             Server::<ByDestinationIp, _>::new(self.server.clone(), self.selector.clone(), service);
+        lock(&self.servers).insert(ip, server.stats());
+        let mut drain = self.drain.clone();
         let task = tokio::spawn(async move {
-            if let Err(e) = server.serve(listener).await {
+            let shutdown = async move {
+                let _ = drain.wait_for(|draining| *draining).await;
+            };
+            if let Err(e) = server
+                .serve_with_shutdown(listener, shutdown, SERVER_DRAIN_BOUND)
+                .await
+            {
                 tracing::warn!(%ip, error = %e, "inbound listener failed");
             }
         });
-        Ok(AbortOnDrop(task.abort_handle()))
+        Ok(AbortOnDrop::new(task))
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -21,6 +21,17 @@
 //!   service; endpoints are tried round-robin, each over HBONE to `ENDPOINT_IP:15008`
 //!   expecting the endpoint workload's SPIFFE ID. See `docs/node-proxy.md` for why listeners
 //!   stand in for traffic redirection.
+//! - **Operability.** A [`Telemetry`] per node proxy: readiness (certificates loaded, first
+//!   mesh state arrived, every listener bound), Istio's `istio_tcp_*` metrics with the standard
+//!   labels and the node proxy's own, a config dump without keys, and one access-log line per
+//!   connection and direction at info on the `meshkit::access` target.
+//!   [`Telemetry::admin`] gives the admin endpoint (`/healthz/ready`, `/metrics`,
+//!   `/config_dump`, `/logging`) to serve or mount. Each connection runs in a span; an
+//!   outbound one starts a W3C trace and sends its `traceparent` in the HBONE CONNECT, which
+//!   the inbound side records.
+//! - **Drain.** [`NodeProxy::drain`] turns readiness to 503, stops accepting (inbound HBONE
+//!   listeners send GOAWAY), lets open connections finish until a deadline, then resets the
+//!   rest.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -54,23 +65,29 @@
 
 mod inbound;
 mod outbound;
+mod telemetry;
+mod trace;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use meshkit_hbone::{Client, ClientConfig, Forward, ServerConfig};
+use meshkit_hbone::{Client, ClientConfig, ServerConfig};
 use meshkit_identity::{ByDestinationIp, SpiffeId, SvidCache, TrustBundleSet, TrustDomain};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
 
 pub use inbound::InboundPolicy;
+/// The admin endpoint's pieces ([`Telemetry::admin`] builds one): meshkit-admin.
+pub use meshkit_admin as admin;
 use meshkit_mesh::MeshConfig;
 pub use outbound::OutboundListener;
+pub use telemetry::Telemetry;
 
 use inbound::{Inbound, InboundState};
+use telemetry::{Live, MeshView};
 
 /// What is fixed for a node proxy's run.
 #[derive(Debug, Clone)]
@@ -104,6 +121,13 @@ pub struct NodeProxyConfig {
     /// always refused. A wildcard address (`0.0.0.0`, `[::]`) covers its port on every
     /// address. Default: none.
     pub reserved: Vec<SocketAddr>,
+    /// Readiness, metrics, config dump and access-log format. Default: a new
+    /// [`Telemetry`] (text access log), reachable through [`NodeProxy::telemetry`].
+    pub telemetry: Telemetry,
+    /// Whether the mesh given to [`NodeProxy::start`] is a placeholder (an xDS feed's empty
+    /// start): then readiness waits for the first update of the channel. Default: false (the
+    /// mesh given is current, as a mesh file's).
+    pub wait_for_first_mesh: bool,
 }
 
 impl NodeProxyConfig {
@@ -120,7 +144,23 @@ impl NodeProxyConfig {
             retry_interval: Duration::from_secs(2),
             startup_timeout: Duration::from_secs(10),
             reserved: Vec::new(),
+            telemetry: Telemetry::new(),
+            wait_for_first_mesh: false,
         }
+    }
+
+    /// Uses `telemetry` (made before the start, so that an admin endpoint answers while the
+    /// node proxy starts).
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
+    }
+
+    /// Waits for the first update of the mesh channel before readiness
+    /// ([`NodeProxyConfig::wait_for_first_mesh`]): for a mesh that comes over xDS.
+    pub fn waiting_for_first_mesh(mut self) -> Self {
+        self.wait_for_first_mesh = true;
+        self
     }
 
     /// Adds an address of this process that inbound tunnels must never reach
@@ -155,7 +195,8 @@ impl NodeProxyConfig {
     }
 }
 
-/// A running node proxy. Dropping it stops every listener and drops every tunnel.
+/// A running node proxy. Dropping it stops every listener and drops every tunnel;
+/// [`NodeProxy::drain`] lets them finish first.
 #[derive(Debug)]
 pub struct NodeProxy {
     tasks: Vec<AbortOnDrop>,
@@ -163,6 +204,18 @@ pub struct NodeProxy {
     inbound: watch::Receiver<BTreeSet<SocketAddr>>,
     policy: Arc<watch::Sender<InboundPolicy>>,
     state: Arc<InboundState>,
+    telemetry: Telemetry,
+    /// This run's hold on the telemetry's live figures, released on drop.
+    live: u64,
+    drain: watch::Sender<bool>,
+}
+
+/// How a [`NodeProxy::drain`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Drained {
+    /// Connections still open at the deadline, which were reset; 0 when every one finished.
+    pub reset: u64,
 }
 
 /// Completes at `at`, or never.
@@ -175,11 +228,27 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 
 /// Aborts a task when dropped, so that owning a handle means owning the task.
 #[derive(Debug)]
-struct AbortOnDrop(AbortHandle);
+struct AbortOnDrop(Option<JoinHandle<()>>);
+
+impl AbortOnDrop {
+    fn new(task: JoinHandle<()>) -> Self {
+        Self(Some(task))
+    }
+
+    /// Waits for the task to end. Cancel safe: the task stays owned until it has ended.
+    async fn join(&mut self) {
+        if let Some(task) = &mut self.0 {
+            let _ = task.await;
+            self.0 = None;
+        }
+    }
+}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        self.0.abort();
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -204,10 +273,16 @@ impl NodeProxy {
         bundles: impl Into<Arc<TrustBundleSet>>,
     ) -> std::io::Result<Self> {
         let bundles = bundles.into();
+        let telemetry = config.telemetry.clone();
+        // A channel updated since its receiver was made has delivered a real state already.
+        if !config.wait_for_first_mesh || mesh.has_changed().unwrap_or(false) {
+            telemetry.set_mesh_ready();
+        }
         let td = config.trust_domain.clone();
         let hbone_port = config.hbone_port;
-        let build = move |m: &MeshConfig| Arc::new(m.index(&td).with_hbone_port(hbone_port));
+        let build = move |m: &MeshConfig| Arc::new(MeshView::new(m, &td, hbone_port));
         let (index_tx, index_rx) = watch::channel(build(&mesh.borrow_and_update()));
+        let (drain_tx, drain_rx) = watch::channel(false);
 
         let client = Client::new(config.client.clone(), certs.clone(), bundles.clone());
         let mut tasks = Vec::new();
@@ -221,12 +296,16 @@ impl NodeProxy {
             outbound.push(addr);
             let task = tokio::spawn(outbound::serve(
                 listener,
-                rule.clone(),
-                config.node.clone(),
-                index_rx.clone(),
-                client.clone(),
+                outbound::Outbound {
+                    rule: rule.clone(),
+                    node: config.node.clone(),
+                    view: index_rx.clone(),
+                    client: client.clone(),
+                    telemetry: telemetry.clone(),
+                    drain: drain_rx.clone(),
+                },
             ));
-            tasks.push(AbortOnDrop(task.abort_handle()));
+            tasks.push(AbortOnDrop::new(task));
         }
 
         let policy = Arc::new(watch::Sender::new(config.policy.clone()));
@@ -235,10 +314,29 @@ impl NodeProxy {
             node: config.node.clone(),
             index: index_rx.clone(),
             policy: policy.clone(),
-            forward: Forward::new().with_connect_timeout(Duration::from_secs(5)),
+            connect_timeout: Duration::from_secs(5),
+            telemetry: telemetry.clone(),
             accepted: Mutex::default(),
             hbone_port: config.hbone_port,
             own: outbound.iter().chain(&config.reserved).copied().collect(),
+        });
+        let servers = telemetry::Servers::default();
+        let live = telemetry.attach(Live {
+            node: config.node.clone(),
+            trust_domain: config.trust_domain.clone(),
+            hbone_port: config.hbone_port,
+            mesh: mesh.clone(),
+            policy: policy.clone(),
+            outbound: config
+                .outbound
+                .iter()
+                .cloned()
+                .zip(outbound.clone())
+                .collect(),
+            inbound: inbound_rx.clone(),
+            client: client.clone(),
+            certs: certs.clone(),
+            servers: servers.clone(),
         });
         let (fetched_tx, mut fetched) = tokio::sync::mpsc::unbounded_channel();
         let mut inbound = Inbound {
@@ -254,6 +352,10 @@ impl NodeProxy {
             pending: HashMap::new(),
             fetched: fetched_tx,
             published,
+            wanted: HashMap::new(),
+            certified: Default::default(),
+            servers,
+            drain: drain_rx.clone(),
         };
         let first = index_rx.borrow().clone();
         inbound.reconcile(&first);
@@ -271,11 +373,17 @@ impl NodeProxy {
                 Ok(None) | Err(_) => break,
             }
         }
+        let first_mesh = telemetry.clone();
+        let mut drain = drain_rx;
         let task = tokio::spawn(async move {
             // When the configuration source goes away, keep serving the last mesh.
             let mut source_open = true;
+            // Whether a mesh update arrived (readiness waits for one after the reconcile,
+            // so that it never reads ready before the new workloads are accounted for).
+            let mut arrived = false;
             loop {
                 tokio::select! {
+                    _ = drain.wait_for(|draining| *draining) => break,
                     changed = mesh.changed(), if source_open => {
                         if changed.is_err() {
                             source_open = false;
@@ -283,6 +391,7 @@ impl NodeProxy {
                         }
                         let next = build(&mesh.borrow_and_update());
                         index_tx.send_replace(next);
+                        arrived = true;
                     }
                     Some(done) = fetched.recv() => {
                         if !inbound.fetched(done) {
@@ -294,15 +403,23 @@ impl NodeProxy {
                 }
                 let index = index_tx.borrow().clone();
                 inbound.reconcile(&index);
+                if arrived {
+                    first_mesh.set_mesh_ready();
+                }
             }
+            // Draining: the mesh no longer changes what is served; the servers finish.
+            inbound.drained().await;
         });
-        tasks.push(AbortOnDrop(task.abort_handle()));
+        tasks.push(AbortOnDrop::new(task));
         Ok(Self {
             tasks,
             outbound,
             inbound: inbound_rx,
             policy,
             state,
+            telemetry,
+            live,
+            drain: drain_tx,
         })
     }
 
@@ -338,8 +455,55 @@ impl NodeProxy {
             .clone()
     }
 
+    /// The node proxy's [`Telemetry`]: readiness, metrics, config dump.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// Drains the node proxy, as ztunnel does on SIGTERM: readiness turns 503 at once; the
+    /// outbound listeners stop accepting, and so do the inbound HBONE listeners, which send
+    /// GOAWAY on every connection; open connections (both directions) may finish until
+    /// `deadline`; then what is left is reset (access-logged with flag `LR`) and the node
+    /// proxy stops.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future stops the node proxy at once, as dropping it would.
+    pub async fn drain(mut self, deadline: Duration) -> Drained {
+        self.telemetry.readiness().start_draining();
+        tracing::info!(deadline = ?deadline, open = self.telemetry.tunnels_open(), "draining: no new connections; open ones may finish");
+        self.drain.send_replace(true);
+        let tasks = &mut self.tasks;
+        let finished = tokio::time::timeout(deadline, async {
+            for task in tasks.iter_mut() {
+                task.join().await;
+            }
+        })
+        .await
+        .is_ok();
+        let reset = if finished {
+            0
+        } else {
+            self.telemetry.mark_deadline_passed();
+            let reset = self.telemetry.tunnels_open();
+            tracing::info!(
+                reset,
+                "drain deadline passed; resetting the connections left"
+            );
+            reset
+        };
+        drop(self);
+        Drained { reset }
+    }
+
     /// Stops the node proxy (the same as dropping it).
     pub fn shutdown(self) {
-        drop(self.tasks);
+        drop(self);
+    }
+}
+
+impl Drop for NodeProxy {
+    fn drop(&mut self) {
+        self.telemetry.detach(self.live);
     }
 }

@@ -4,13 +4,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use meshkit_hbone::{Client, Target, copy_bidirectional};
+use meshkit_hbone::{Client, Side, Target, copy_bidirectional};
 use meshkit_identity::ErrorChain;
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tracing::Instrument;
 
-use meshkit_mesh::MeshIndex;
+use crate::telemetry::{
+    Bytes, ConnRecord, Direction, FLAG_CONNECT, FLAG_NO_HEALTHY_UPSTREAM, FLAG_NO_ROUTE, FLAG_NONE,
+    MeshView, OpenConnection, PeerLabels, ServiceLabels, Telemetry,
+};
+use crate::trace;
 
 /// A local listener that stands for one service port: what a client connects to instead of
 /// the service's address, since loopback offers no traffic redirection.
@@ -36,107 +41,227 @@ impl OutboundListener {
     }
 }
 
-/// Accepts connections for one outbound listener until the task is dropped.
-pub(super) async fn serve(
-    listener: TcpListener,
-    rule: OutboundListener,
-    node: String,
-    index: watch::Receiver<Arc<MeshIndex>>,
-    client: Client,
-) {
+/// What one outbound listener's task works with.
+pub(super) struct Outbound {
+    pub(super) rule: OutboundListener,
+    pub(super) node: String,
+    pub(super) view: watch::Receiver<Arc<MeshView>>,
+    pub(super) client: Client,
+    pub(super) telemetry: Telemetry,
+    /// Turns true when the node proxy drains: stop accepting, let the connections finish.
+    pub(super) drain: watch::Receiver<bool>,
+}
+
+/// What an accepted connection will try, decided when it is accepted.
+struct Plan {
+    source: Arc<PeerLabels>,
+    service: Arc<ServiceLabels>,
+    /// The endpoints to try, in order, with their workload labels.
+    targets: Vec<(Target, Arc<PeerLabels>)>,
+}
+
+/// Why an accepted connection is refused, with what is known of it.
+struct Refusal {
+    reason: &'static str,
+    flag: &'static str,
+    source: Arc<PeerLabels>,
+    service: Arc<ServiceLabels>,
+}
+
+/// Accepts connections for one outbound listener until the node proxy drains (then waits for
+/// the open connections to end) or the task is dropped (which drops them).
+pub(super) async fn serve(listener: TcpListener, mut ctx: Outbound) {
     let next = Arc::new(AtomicUsize::new(0));
     // Owned here so that dropping the listener task drops its tunnels too.
     let mut connections = tokio::task::JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
-        let (sock, source) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = ctx.drain.wait_for(|draining| *draining) => break,
+        };
+        let (sock, source) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
-                tracing::warn!(listen = %rule.listen, error = %e, "outbound accept failed");
+                tracing::warn!(listen = %ctx.rule.listen, error = %e, "outbound accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
         };
         let _ = sock.set_nodelay(true);
-        let targets = targets(&index.borrow(), &rule, &node, source, &next);
-        let client = client.clone();
-        let service = rule.service.clone();
-        connections.spawn(async move {
-            match targets {
-                Ok(targets) => tunnel(sock, source, &service, targets, client).await,
-                Err(reason) => {
-                    tracing::info!(%source, %service, reason, "outbound refused; resetting the connection");
-                    // As when no endpoint answers: a reset, never an empty answer that ends
-                    // like a complete one.
-                    let _ = sock.set_zero_linger();
-                }
-            }
-        });
+        // No HTTP at L4, so no trace to continue: each connection starts one.
+        let (traceparent, trace_id) = trace::start();
+        let plan = plan(
+            &ctx.view.borrow(),
+            &ctx.rule,
+            &ctx.node,
+            source,
+            &next,
+            &traceparent,
+        );
+        let span = tracing::info_span!(
+            "outbound",
+            src = %source,
+            service = %ctx.rule.service,
+            trace_id = %trace_id,
+            dst = tracing::field::Empty,
+            dst_identity = tracing::field::Empty,
+        );
+        let mut record = ConnRecord::new(Direction::Outbound, source);
+        record.trace_id = Some(trace_id);
+        let (client, telemetry) = (ctx.client.clone(), ctx.telemetry.clone());
+        connections.spawn(connection(sock, record, plan, client, telemetry).instrument(span));
     }
+    drop(listener);
+    tracing::info!(listen = %ctx.rule.listen, open = connections.len(), "outbound listener closed for the drain");
+    while connections.join_next().await.is_some() {}
 }
 
-/// The targets to try, in order: every endpoint, starting at the next one in turn.
-fn targets(
-    index: &MeshIndex,
+/// The plan for a connection from `source`: every endpoint, starting at the next one in turn.
+fn plan(
+    view: &MeshView,
     rule: &OutboundListener,
     node: &str,
     source: SocketAddr,
     next: &AtomicUsize,
-) -> Result<Vec<Target>, &'static str> {
+    traceparent: &str,
+) -> Result<Plan, Refusal> {
+    let service = view
+        .service_labels(&rule.service)
+        .cloned()
+        .unwrap_or_else(|| ServiceLabels::host_only(&rule.service));
+    let refuse = |reason, flag, source| Refusal {
+        reason,
+        flag,
+        source,
+        service: service.clone(),
+    };
     // The source address names the local workload whose identity the tunnel presents.
-    let (workload, local_id) = index
-        .workload(source.ip())
-        .ok_or("source is not a known workload")?;
+    let Some((workload, local_id)) = view.workload(source.ip()) else {
+        return Err(refuse(
+            "source is not a known workload",
+            FLAG_NO_ROUTE,
+            PeerLabels::unknown(),
+        ));
+    };
+    let source_labels = view
+        .peer(source.ip())
+        .cloned()
+        .unwrap_or_else(|| Arc::new(PeerLabels::of_workload(workload, local_id)));
     if workload.node != node {
-        return Err("source is not a workload of this node");
+        return Err(refuse(
+            "source is not a workload of this node",
+            FLAG_NO_ROUTE,
+            source_labels,
+        ));
     }
-    let service = index
-        .service_by_host(&rule.service)
-        .ok_or("unknown service")?;
-    let port = service
-        .port(Some(rule.port), None)
-        .ok_or("service has no such port")?;
-    let endpoints = index.endpoints(service, port);
+    let Some(mesh_service) = view.service_by_host(&rule.service) else {
+        return Err(refuse("unknown service", FLAG_NO_ROUTE, source_labels));
+    };
+    let Some(port) = mesh_service.port(Some(rule.port), None) else {
+        return Err(refuse(
+            "service has no such port",
+            FLAG_NO_ROUTE,
+            source_labels,
+        ));
+    };
+    let endpoints = view.endpoints(mesh_service, port);
     if endpoints.is_empty() {
-        return Err("service has no endpoints");
+        return Err(refuse(
+            "service has no endpoints",
+            FLAG_NO_HEALTHY_UPSTREAM,
+            source_labels,
+        ));
     }
     let start = next.fetch_add(1, Ordering::Relaxed);
-    Ok((0..endpoints.len())
+    let targets = (0..endpoints.len())
         .filter_map(|i| endpoints.get(start.wrapping_add(i) % endpoints.len()))
         .map(|ep| {
-            Target::new(ep.hbone, ep.address, local_id.clone(), ep.identity.clone())
-                .forwarded_for(source)
+            let target = Target::new(ep.hbone, ep.address, local_id.clone(), ep.identity.clone())
+                .forwarded_for(source);
+            // A traceparent of our own making is always a valid header value.
+            let target = target.clone().traceparent(traceparent).unwrap_or(target);
+            let labels = view
+                .peer(ep.address.ip())
+                .cloned()
+                .unwrap_or_else(PeerLabels::unknown);
+            (target, labels)
         })
-        .collect())
+        .collect();
+    Ok(Plan {
+        source: source_labels,
+        service,
+        targets,
+    })
 }
 
-async fn tunnel(
+async fn connection(
     sock: TcpStream,
-    source: SocketAddr,
-    service: &str,
-    targets: Vec<Target>,
+    mut record: ConnRecord,
+    plan: Result<Plan, Refusal>,
     client: Client,
+    telemetry: Telemetry,
 ) {
-    for target in targets {
-        match client.open(target.clone()).await {
+    let source = record.source_addr;
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(refusal) => {
+            tracing::info!(%source, service = %refusal.service.host, reason = refusal.reason, "outbound refused; resetting the connection");
+            record.source = refusal.source;
+            record.service = refusal.service;
+            telemetry.refused(record, refusal.flag);
+            // As when no endpoint answers: a reset, never an empty answer that ends like a
+            // complete one.
+            let _ = sock.set_zero_linger();
+            return;
+        }
+    };
+    record.source = plan.source;
+    record.service = plan.service;
+    let service = record.service.host.clone();
+    for (target, labels) in plan.targets {
+        record.destination_addr = Some(target.destination);
+        record.destination = labels;
+        let destination = target.destination;
+        match client.open(target).await {
             Ok(tunnel) => {
-                tracing::debug!(%source, %service, destination = %target.destination, "outbound tunnel");
+                let span = tracing::Span::current();
+                span.record("dst", tracing::field::display(destination));
+                span.record(
+                    "dst_identity",
+                    tracing::field::display(&record.destination.principal),
+                );
+                tracing::debug!(%source, %service, %destination, "outbound tunnel");
+                let open = telemetry.open(record);
                 match copy_bidirectional(tunnel, sock).await {
                     Ok(copied) => {
-                        tracing::debug!(%source, sent = copied.to_tunnel, received = copied.from_tunnel, "outbound tunnel closed")
+                        tracing::debug!(%source, sent = copied.to_tunnel, received = copied.from_tunnel, "outbound tunnel closed");
+                        open.finish(bytes(copied), FLAG_NONE);
                     }
                     Err(e) => {
-                        tracing::debug!(%source, error = %ErrorChain(&e), "outbound tunnel reset")
+                        tracing::debug!(%source, error = %ErrorChain(&e), "outbound tunnel reset");
+                        // Downstream, for the source's node proxy, is the application.
+                        let flag = OpenConnection::failure_flag(e.side(), Side::Socket);
+                        open.finish(bytes(e.copied()), flag);
                     }
                 }
                 return;
             }
             Err(e) => {
-                tracing::info!(%source, %service, destination = %target.destination, error = %e, "endpoint unreachable; trying the next");
+                tracing::info!(%source, %service, %destination, error = %e, "endpoint unreachable; trying the next");
             }
         }
     }
     tracing::warn!(%source, %service, "no endpoint reachable; resetting the connection");
+    telemetry.refused(record, FLAG_CONNECT);
     // A reset, not a FIN: the application must not read an empty answer as a complete one.
     let _ = sock.set_zero_linger();
+}
+
+/// Istio's bytes of an outbound copy: received from the application, sent back to it.
+fn bytes(copied: meshkit_hbone::Copied) -> Bytes {
+    Bytes {
+        received: copied.to_tunnel,
+        sent: copied.from_tunnel,
+    }
 }

@@ -8,21 +8,29 @@
 //! ```
 //!
 //! The mesh file is the JSON form of `meshkit_mesh::MeshConfig` (workloads and services); it
-//! is re-read when it changes. Stops on SIGINT/SIGTERM.
+//! is re-read when it changes.
+//!
+//! The admin endpoint (`--admin-addr`, 127.0.0.1:15020 by default) answers `/healthz/ready`,
+//! `/metrics` (and `/stats/prometheus`), `/config_dump` and `/logging?level=`. Access-log
+//! lines go to standard error at info (`--access-log-json` for JSON). SIGTERM or SIGINT drains:
+//! readiness 503, no new connections, open ones finish for up to `--drain-seconds` (5), then
+//! the rest are reset and the process exits 0.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use meshkit_cli::{
-    CliError, ControlPlaneArgs, init_logging, load_bundle, parse_id, reload_every_second, run_main,
-    stop_signal,
+    CliError, ControlPlaneArgs, init_logging_with_filter, load_bundle, parse_id,
+    reload_every_second, run_main,
 };
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{SvidCache, TrustDomain};
 use meshkit_mesh::MeshConfig;
-use meshkit_node_proxy::{InboundPolicy, NodeProxy, NodeProxyConfig, OutboundListener};
+use meshkit_node_proxy::admin::{AccessLog, LogFilter, Registry};
+use meshkit_node_proxy::{InboundPolicy, NodeProxy, NodeProxyConfig, OutboundListener, Telemetry};
 use meshkit_xds_client::envoy::Node;
 use meshkit_xds_client::protocol::Mode;
 use tokio::sync::watch;
@@ -78,6 +86,16 @@ struct Args {
     /// Worker threads (1: everything on one thread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// The admin endpoint: /healthz/ready, /metrics, /stats/prometheus, /config_dump,
+    /// /logging. Unauthenticated: keep it on localhost.
+    #[arg(long, default_value = "127.0.0.1:15020")]
+    admin_addr: SocketAddr,
+    /// Access-log lines as JSON objects instead of key=value text.
+    #[arg(long)]
+    access_log_json: bool,
+    /// On SIGTERM, how long open connections may take to finish before they are reset.
+    #[arg(long, default_value_t = 5)]
+    drain_seconds: u64,
 }
 
 fn parse_outbound(s: &str) -> Result<OutboundListener, String> {
@@ -95,16 +113,44 @@ fn parse_outbound(s: &str) -> Result<OutboundListener, String> {
 }
 
 fn main() -> ExitCode {
-    init_logging();
+    let filter = init_logging_with_filter();
     let args = Args::parse();
-    run_main("node-proxy", args.threads, run(args))
+    run_main("node-proxy", args.threads, run(args, filter))
+}
+
+/// SIGTERM or SIGINT, with the handlers installed when this is called (not when the future is
+/// first polled), so that a signal during the start-up drains instead of killing the process.
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 fn read_mesh(path: &std::path::Path) -> Result<MeshConfig, CliError> {
     MeshConfig::load(path).map_err(|e| meshkit_cli::error_chain(&e).into())
 }
 
-async fn run(args: Args) -> Result<(), CliError> {
+async fn run(args: Args, filter: LogFilter) -> Result<(), CliError> {
+    let stop = stop_signal().map_err(|e| format!("installing the signal handlers: {e}"))?;
+    let mut telemetry = Telemetry::new();
+    if args.access_log_json {
+        telemetry = telemetry.with_access_log(AccessLog::json());
+    }
+    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
+        .await
+        .map_err(|e| format!("admin listener {}: {e}", args.admin_addr))?;
+    let admin_addr = admin_listener.local_addr()?;
+    let admin = telemetry.admin(Registry::default()).with_log_filter(filter);
+    tokio::spawn(admin.serve(admin_listener, std::future::pending()));
+    tracing::info!(admin = %admin_addr, "admin endpoint");
+    let drain = Duration::from_secs(args.drain_seconds);
+
     let td = TrustDomain::new(&args.trust_domain)
         .map_err(|e| format!("--trust-domain {:?}: {e}", args.trust_domain))?;
     let bundles = load_bundle(&args.ca_root, &td)?;
@@ -128,7 +174,10 @@ async fn run(args: Args) -> Result<(), CliError> {
     let mut config = NodeProxyConfig::new(args.node.clone(), td)
         .with_policy(policy)
         .with_hbone_port(args.hbone_port)
-        .with_client(meshkit_cli::hbone_client_config());
+        .with_client(meshkit_cli::hbone_client_config())
+        .with_telemetry(telemetry)
+        // Inbound tunnels must never reach the admin endpoint.
+        .with_reserved(admin_addr);
     for rule in args.outbound {
         config = config.with_outbound(rule);
     }
@@ -146,22 +195,36 @@ async fn run(args: Args) -> Result<(), CliError> {
             meshkit_xds_client::ClientConfig::new(ads.clone(), Mode::Delta, node),
         )?;
         let (mesh_rx, _feed) = meshkit_mesh::feed::mesh_over_xds(xds);
-        let proxy = NodeProxy::start(config, mesh_rx, certs, bundles).await?;
-        tracing::info!(node = %args.node, %ads, outbound = ?proxy.outbound_addrs(), "node proxy ready, workloads over xDS");
-        stop_signal().await;
-        tracing::info!("stopping");
-        proxy.shutdown();
-        return Ok(());
+        let config = config.waiting_for_first_mesh();
+        let mut stop = std::pin::pin!(stop);
+        let proxy = tokio::select! {
+            proxy = NodeProxy::start(config, mesh_rx, certs, bundles) => proxy?,
+            () = &mut stop => return Ok(()),
+        };
+        tracing::info!(node = %args.node, %ads, outbound = ?proxy.outbound_addrs(), "node proxy started, workloads over xDS");
+        stop.await;
+        return finish(proxy, drain).await;
     };
     let (mesh_tx, mesh_rx) = watch::channel(read_mesh(&mesh_file)?);
-    let proxy = NodeProxy::start(config, mesh_rx, certs, bundles).await?;
-    tracing::info!(node = %args.node, outbound = ?proxy.outbound_addrs(), inbound = ?proxy.inbound_addrs(), "node proxy ready");
+    let mut stop = std::pin::pin!(stop);
+    let proxy = tokio::select! {
+        proxy = NodeProxy::start(config, mesh_rx, certs, bundles) => proxy?,
+        () = &mut stop => return Ok(()),
+    };
+    tracing::info!(node = %args.node, outbound = ?proxy.outbound_addrs(), inbound = ?proxy.inbound_addrs(), "node proxy started");
 
     let reload = reload_every_second(&mesh_tx, "mesh file", || read_mesh(&mesh_file));
     tokio::select! {
-        () = stop_signal() => tracing::info!("stopping"),
+        () = stop => {}
         () = reload => {}
     }
-    proxy.shutdown();
+    finish(proxy, drain).await
+}
+
+/// Drains `proxy` for up to `deadline`, logging how it went.
+async fn finish(proxy: NodeProxy, deadline: Duration) -> Result<(), CliError> {
+    tracing::info!(deadline = ?deadline, "stopping: draining");
+    let drained = proxy.drain(deadline).await;
+    tracing::info!(reset = drained.reset, "drained; exiting");
     Ok(())
 }
