@@ -1,6 +1,10 @@
 //! One client connection: the HTTP version told within a bound, hyper serving it under the
 //! gateway's limits, the connection closed once it stays without a request in flight, and
 //! ended when a write to it stalls for the write-stall timeout (the client stopped reading).
+//! Each request is observed here (span, trace context, metrics, access log: see
+//! [`Observation`]); a drain shuts the connection down gracefully (HTTP/2 GOAWAY, HTTP/1.1
+//! closed after the answer in flight: hyper's graceful shutdown makes that answer say
+//! `connection: close` when its head is still to be written).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,9 +20,12 @@ use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
+use tracing::Instrument;
 
-use crate::GatewaySettings;
+use crate::Shared;
+use crate::observe::Observation;
 use crate::proxy::Body;
 use crate::stack::{self, Stack};
 
@@ -33,15 +40,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const HTTP1_MAX_BUFFER: usize = 64 * 1024;
 
 /// Serves one client connection (TLS already terminated) until it ends, the client
-/// breaks a bound, or it stays idle for `settings.idle_timeout`.
-pub(crate) async fn serve<IO>(
-    settings: &GatewaySettings,
-    stack: Stack,
-    mut io: IO,
-    client: stack::Client,
-) where
+/// breaks a bound, it stays idle for `settings.idle_timeout`, or the gateway drains.
+pub(crate) async fn serve<IO>(shared: &Arc<Shared>, stack: Stack, mut io: IO, client: stack::Client)
+where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    let settings = &shared.settings;
     let mut preface = [0u8; 24];
     let sniffed = match tokio::time::timeout(settings.sniff_timeout, sniff(&mut io, &mut preface))
         .await
@@ -70,18 +74,25 @@ pub(crate) async fn serve<IO>(
 
     let activity = Arc::new(Activity::new());
     let in_flight = activity.clone();
+    let observer = shared.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(client);
         let guard = InFlight::new(in_flight.clone());
-        let answer = tower::ServiceExt::oneshot(stack.clone(), req);
+        // Dropped with this future if the client leaves before the answer: recorded then.
+        let mut observation = Observation::start(&observer, client.addr, &mut req);
+        let span = observation.span().clone();
+        let answer = tower::ServiceExt::oneshot(stack.clone(), req).instrument(span);
         async move {
-            let resp = answer.await?;
+            let mut resp = answer.await?;
+            observation.answered(&mut resp);
             Ok::<_, Infallible>(resp.map(|body| Tracked {
                 body,
+                observation,
                 _in_flight: guard,
             }))
         }
     });
+    let drain = shared.drain.subscribe();
 
     let result = if h2 {
         let mut builder = http2::Builder::new(TokioExecutor::new());
@@ -97,6 +108,7 @@ pub(crate) async fn serve<IO>(
             |c| c.graceful_shutdown(),
             &activity,
             settings.idle_timeout,
+            drain,
         )
         .await
     } else {
@@ -113,6 +125,7 @@ pub(crate) async fn serve<IO>(
             |c| c.graceful_shutdown(),
             &activity,
             settings.idle_timeout,
+            drain,
         )
         .await
     };
@@ -136,23 +149,38 @@ async fn sniff<IO: AsyncRead + Unpin>(io: &mut IO, buf: &mut [u8; 24]) -> io::Re
 }
 
 /// Runs `conn` until it ends; once it has had no request in flight for `timeout`, shuts it
-/// down with `shutdown` and gives it [`SHUTDOWN_GRACE`] to finish.
+/// down with `shutdown` and gives it [`SHUTDOWN_GRACE`] to finish. When the gateway drains,
+/// shuts it down the same way and lets it finish its requests in flight: the serve loop
+/// closes it at the drain's deadline.
 async fn until_idle<C, E>(
     conn: C,
     shutdown: impl FnOnce(Pin<&mut C>),
     activity: &Activity,
     timeout: Duration,
+    mut drain: watch::Receiver<Option<tokio::time::Instant>>,
 ) -> Result<(), E>
 where
     C: Future<Output = Result<(), E>>,
 {
     let mut conn = std::pin::pin!(conn);
-    tokio::select! {
+    let draining = async {
+        if drain.wait_for(Option::is_some).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let drained = tokio::select! {
         result = conn.as_mut() => return result,
-        () = activity.idle_for(timeout) => {}
+        () = activity.idle_for(timeout) => false,
+        () = draining => true,
+    };
+    shutdown(conn.as_mut());
+    if drained {
+        tracing::debug!(
+            "gateway draining; closing the client connection once its requests are answered"
+        );
+        return conn.await;
     }
     tracing::debug!("client connection idle; closing");
-    shutdown(conn.as_mut());
     tokio::time::timeout(SHUTDOWN_GRACE, conn)
         .await
         .unwrap_or(Ok(()))
@@ -223,9 +251,11 @@ impl Drop for InFlight {
     }
 }
 
-/// An answer's body that keeps its request counted as in flight.
+/// An answer's body that keeps its request counted as in flight, and observed: its bytes, its
+/// end. Dropping it (the answer sent, or abandoned) records the request.
 struct Tracked {
     body: Body,
+    observation: Observation,
     _in_flight: InFlight,
 }
 
@@ -237,7 +267,22 @@ impl HttpBody for Tracked {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.body).poll_frame(cx);
+        match &poll {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.observation.sent(data.len());
+                }
+                if this.body.is_end_stream() {
+                    this.observation.ended();
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.observation.body_failed(),
+            Poll::Ready(None) => this.observation.ended(),
+            Poll::Pending => {}
+        }
+        poll
     }
 
     fn is_end_stream(&self) -> bool {
@@ -246,6 +291,15 @@ impl HttpBody for Tracked {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        // An answer with no body to send (or whose end hyper saw without polling) is whole.
+        if self.body.is_end_stream() {
+            self.observation.ended();
+        }
     }
 }
 

@@ -27,6 +27,18 @@
 //!   admitting.
 //! - **TLS.** The certificate comes from the Secret that `spec.tls` names for the SNI
 //!   ([`RouteTable::tls_secret_for`]); ALPN offers `h2` and `http/1.1`.
+//! - **Operating it.** [`Gateway::admin`] (or [`Gateway::readiness`],
+//!   [`Gateway::register_metrics`] and [`Gateway::config_dump`] to mount them elsewhere)
+//!   gives meshkit-admin's endpoint: `/healthz/ready` (the `first configuration` condition,
+//!   any the program adds, 503 once draining), `/metrics` (`istio_requests_total` and
+//!   `istio_request_duration_milliseconds` with Istio's labels and `route`, Envoy's
+//!   [`DURATION_BUCKETS_MS`]; `meshkit_gateway_*` connection, tunnel, route and certificate
+//!   gauges), `/config_dump`. Each request gets an info span (`request`, with its trace and
+//!   span ids) and one access-log line ([`GatewaySettings::access_log`]); its W3C
+//!   `traceparent` is continued (or started, or an invalid one replaced) with the gateway's
+//!   span as parent, on the request to the backend and on the CONNECT of a tunnel it opens.
+//!   [`Gateway::drain`] stops accepting, lets requests in flight finish until a deadline and
+//!   closes the rest.
 //!
 //! ```no_run
 //! use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings};
@@ -52,15 +64,20 @@
 
 mod cidr;
 mod conn;
+mod dump;
 pub mod feed;
+mod metrics;
+mod observe;
 mod proxy;
 pub mod stack;
 mod tls;
+mod trace;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use meshkit_admin::{AccessLog, Admin, Readiness, Registry};
 use meshkit_hbone::Client;
 use meshkit_identity::{SpiffeId, TrustDomain};
 use meshkit_ingress_model::{Ingress, IngressClass, RouteTable};
@@ -71,6 +88,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 pub use cidr::{Cidr, CidrError};
+pub use metrics::DURATION_BUCKETS_MS;
 pub use proxy::{BACKEND_IDENTITY, BACKEND_WORKLOAD, Body};
 
 use meshkit_mesh::{MeshConfig, MeshIndex};
@@ -124,6 +142,10 @@ pub struct GatewayConfig {
 /// | [`max_request_body_bytes`](Self::max_request_body_bytes) | 16 MiB | a request body (413) |
 /// | [`request_body_timeout`](Self::request_body_timeout) | 60 s | receiving a request body, from when it starts to go to the backend (its first read, once a tunnel is open) to its end (408) |
 /// | [`response_timeout`](Self::response_timeout) | 30 s | the backend's answer, from the end of the request body to the response head (504) |
+///
+/// It also names the access log's format ([`access_log`](Self::access_log), text by
+/// default) and the gateway's workload name in the metrics
+/// ([`workload_name`](Self::workload_name), none by default: `unknown`).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct GatewaySettings {
@@ -201,6 +223,13 @@ pub struct GatewaySettings {
     /// naming the workload that answered and the SPIFFE ID its end of the tunnel proved.
     /// Default: off (they tell a client about the mesh's insides).
     pub expose_backend_headers: bool,
+    /// The format of the access log: one line per request at info level on the
+    /// `meshkit::access` target (turn it off with the log filter,
+    /// `meshkit::access=off`). Default: `key=value` text.
+    pub access_log: AccessLog,
+    /// The gateway's workload name, its `source_workload` in the request metrics. Default:
+    /// none (`unknown`).
+    pub workload_name: Option<String>,
 }
 
 impl GatewaySettings {
@@ -228,7 +257,21 @@ impl GatewaySettings {
             response_timeout: Duration::from_secs(30),
             trusted_proxies: Vec::new(),
             expose_backend_headers: false,
+            access_log: AccessLog::text(),
+            workload_name: None,
         }
+    }
+
+    /// Sets the access log's format ([`AccessLog::text`] or [`AccessLog::json`]).
+    pub fn with_access_log(mut self, log: AccessLog) -> Self {
+        self.access_log = log;
+        self
+    }
+
+    /// Sets the gateway's workload name (the `source_workload` label).
+    pub fn with_workload_name(mut self, name: impl Into<String>) -> Self {
+        self.workload_name = Some(name.into());
+        self
     }
 
     /// Sets the crypto provider of the client-facing TLS.
@@ -348,6 +391,13 @@ struct Compiled {
     table: RouteTable,
     index: MeshIndex,
     certs: tls::CertStore,
+    /// What each TLS Secret's certificate is (names, expiry), for the config dump and the
+    /// expiry gauge.
+    certs_info: Vec<tls::CertInfo>,
+    /// The configuration as `/config_dump` shows it (routes, backends, certificates).
+    dump: serde_json::Value,
+    /// The request metrics' handles by label set, for this configuration.
+    stats: metrics::StatsCache,
 }
 
 /// What the steps of the request stack share.
@@ -361,6 +411,15 @@ struct Shared {
     pool: Arc<proxy::BackendPool>,
     /// One permit per client connection, [`GatewaySettings::max_connections`] in all.
     connections: Arc<Semaphore>,
+    metrics: metrics::Metrics,
+    /// The gateway's own labels in the request metrics.
+    source: observe::Source,
+    readiness: Readiness,
+    /// `Some(deadline)` once the drain has started: stop accepting, let connections finish
+    /// until the deadline, then close them.
+    drain: watch::Sender<Option<tokio::time::Instant>>,
+    /// How many `serve_*` loops are running (the drain waits for them to end).
+    serving: watch::Sender<usize>,
 }
 
 /// A running gateway: cheap to clone, serves any number of listeners.
@@ -398,7 +457,16 @@ impl Gateway {
             let settings = settings.clone();
             move |c: &GatewayConfig| Arc::new(compile(&settings, c))
         };
-        let (tx, rx) = watch::channel(compile(&config.borrow_and_update()));
+        let readiness = Readiness::default();
+        let configured = readiness.condition("first configuration");
+        let initial = config.borrow_and_update().clone();
+        // A configuration given at start counts as the first one; the default (empty) value a
+        // feed starts with does not.
+        if initial != GatewayConfig::default() {
+            configured.set_ready();
+        }
+        let (tx, rx) = watch::channel(compile(&initial));
+        drop(initial);
         let pool = Arc::new(proxy::BackendPool::new(settings.backend_idle_timeout));
         let settings_max_connections = settings.max_connections;
         let idle = pool.clone();
@@ -410,11 +478,14 @@ impl Gateway {
                     "gateway configuration applied"
                 );
                 tx.send_replace(next);
+                // Ready once requests route by it, not before.
+                configured.set_ready();
                 // Endpoints may have moved or changed identity: new connections for all.
                 idle.clear();
             }
         });
         let shared = Arc::new(Shared {
+            source: observe::Source::new(&settings),
             settings,
             client,
             current: rx,
@@ -423,6 +494,10 @@ impl Gateway {
             connections: Arc::new(Semaphore::new(
                 settings_max_connections.clamp(1, Semaphore::MAX_PERMITS),
             )),
+            metrics: metrics::Metrics::default(),
+            readiness,
+            drain: watch::Sender::new(None),
+            serving: watch::Sender::new(0),
         });
         Self {
             stack: stack::build(shared.clone()),
@@ -458,10 +533,23 @@ impl Gateway {
     }
 
     async fn serve(self, listener: TcpListener, tls: Option<TlsAcceptor>) -> std::io::Result<()> {
+        let _serving = Serving::new(&self.shared);
+        let mut drain = self.shared.drain.subscribe();
         let mut connections = JoinSet::new();
-        loop {
+        let deadline = loop {
             while connections.try_join_next().is_some() {}
-            let (sock, client) = match listener.accept().await {
+            let accepted = tokio::select! {
+                biased;
+                deadline = async { drain.wait_for(Option::is_some).await.ok().and_then(|d| *d) } => {
+                    match deadline {
+                        Some(deadline) => break deadline,
+                        // The gateway is gone: nothing can start a drain any more.
+                        None => std::future::pending().await,
+                    }
+                }
+                accepted = listener.accept() => accepted,
+            };
+            let (sock, client) = match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!(error = %e, "gateway accept failed");
@@ -487,19 +575,18 @@ impl Gateway {
                 .any(|net| net.contains(client.ip()));
             connections.spawn(async move {
                 let _permit = permit;
-                let settings = &shared.settings;
                 let peer = |scheme| stack::Client {
                     addr: client,
                     scheme,
                     trusted_proxy: trusted,
                 };
                 match tls {
-                    None => conn::serve(settings, stack, sock, peer("http")).await,
+                    None => conn::serve(&shared, stack, sock, peer("http")).await,
                     Some(acceptor) => {
-                        let timeout = settings.tls_handshake_timeout;
+                        let timeout = shared.settings.tls_handshake_timeout;
                         match tokio::time::timeout(timeout, acceptor.accept(sock)).await {
                             Ok(Ok(stream)) => {
-                                conn::serve(settings, stack, stream, peer("https")).await;
+                                conn::serve(&shared, stack, stream, peer("https")).await;
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(%client, error = %e, "TLS handshake failed");
@@ -509,7 +596,104 @@ impl Gateway {
                     }
                 }
             });
+        };
+        // Draining: no new connections (the listener closes), the open ones were told to
+        // finish (GOAWAY, `connection: close`) and get until the deadline.
+        drop(listener);
+        let finished = tokio::time::timeout_at(deadline, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if finished.is_err() {
+            tracing::info!(
+                remaining = connections.len(),
+                "drain deadline passed; closing the remaining client connections"
+            );
+            connections.shutdown().await;
         }
+        Ok(())
+    }
+
+    /// The gateway's readiness (`/healthz/ready`): it holds the condition
+    /// `first configuration` (met at once when [`Gateway::new`] is given a configuration
+    /// other than the default, empty one, else when the first one arrives on the channel),
+    /// and turns unready for good when the drain starts. A program adds its own conditions
+    /// to it (the binary adds `certificates` and `listeners`).
+    pub fn readiness(&self) -> &Readiness {
+        &self.shared.readiness
+    }
+
+    /// Registers the gateway's metrics in `registry` (call it once per registry):
+    /// `istio_requests_total` and `istio_request_duration_milliseconds` by response code,
+    /// route, destination and flags, and the `meshkit_gateway_*` connection, tunnel, route
+    /// and certificate gauges (docs/gateway.md, "Operating it", lists every name and
+    /// label). The gateway counts whether or not they are registered.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        metrics::register(&self.shared, registry);
+    }
+
+    /// The gateway's current configuration as JSON: its identity, whether it is draining,
+    /// the routes (with the `route` label each has in the metrics), the backend services
+    /// with their endpoints and identities, and the TLS certificates' names and expiry.
+    /// Never a private key.
+    pub fn config_dump(&self) -> serde_json::Value {
+        dump::config_dump(&self.shared)
+    }
+
+    /// An admin endpoint for this gateway (component `ingress-gateway`): `registry` with the
+    /// gateway's metrics registered, its [`readiness`](Self::readiness) and its
+    /// [`config_dump`](Self::config_dump). Add a log filter with
+    /// [`Admin::with_log_filter`]; serve it with [`Admin::serve`] or mount
+    /// [`Admin::handle`].
+    pub fn admin(&self, mut registry: Registry) -> Admin {
+        self.register_metrics(&mut registry);
+        let gateway = self.clone();
+        Admin::new("ingress-gateway", registry)
+            .with_readiness(self.shared.readiness.clone())
+            .with_config_dump(move || gateway.config_dump())
+    }
+
+    /// Drains the gateway: readiness turns 503 at once; every `serve_*` loop stops accepting
+    /// (its listener closes, so new connections are refused); HTTP/2 connections get a
+    /// GOAWAY and HTTP/1.1 connections close once their request in flight is answered (the
+    /// answers say `connection: close`); requests in flight finish until `grace` has passed,
+    /// then the connections left are closed. Returns when every `serve_*` loop has ended,
+    /// and empties the backend connection pool. A later `serve_*` call returns at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future does not stop the drain, only the wait for it.
+    pub async fn drain(&self, grace: Duration) {
+        self.shared.readiness.start_draining();
+        let deadline = tokio::time::Instant::now() + grace;
+        self.shared.drain.send_if_modified(|d| {
+            if d.is_none() {
+                tracing::info!(grace_seconds = grace.as_secs_f64(), "draining");
+                *d = Some(deadline);
+                true
+            } else {
+                false
+            }
+        });
+        let mut serving = self.shared.serving.subscribe();
+        let _ = serving.wait_for(|n| *n == 0).await;
+        self.shared.pool.clear();
+    }
+}
+
+/// Counts one running `serve_*` loop.
+struct Serving(Arc<Shared>);
+
+impl Serving {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.serving.send_modify(|n| *n += 1);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.serving.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -538,13 +722,21 @@ fn compile(settings: &GatewaySettings, config: &GatewayConfig) -> Compiled {
             .ingress_class(class.clone())
             .ingress_classes(&config.ingress_classes);
     }
+    let table = builder.build(&config.ingresses);
+    let index = config
+        .mesh
+        .index(&settings.trust_domain)
+        .with_hbone_port(settings.hbone_port);
+    let certs = tls::load(&config.secrets, &settings.provider);
+    let certs_info = tls::describe(&config.secrets, &certs);
+    let dump = dump::compiled(&builder, config, &index, &certs_info);
     Compiled {
-        table: builder.build(&config.ingresses),
-        index: config
-            .mesh
-            .index(&settings.trust_domain)
-            .with_hbone_port(settings.hbone_port),
-        certs: tls::load(&config.secrets, &settings.provider),
+        table,
+        index,
+        certs,
+        certs_info,
+        dump,
+        stats: metrics::StatsCache::default(),
     }
 }
 

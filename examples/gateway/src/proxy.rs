@@ -20,6 +20,9 @@ use hyper_util::rt::TokioIo;
 use meshkit_identity::SpiffeId;
 use tokio::sync::{oneshot, watch};
 
+use crate::metrics::Metrics;
+use crate::observe::Flag;
+
 /// The body type of every gateway response.
 pub type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -159,14 +162,20 @@ impl BackendPool {
     pub(crate) fn clear(&self) {
         self.lock().clear();
     }
+
+    /// Idle connections in the pool now.
+    pub(crate) fn idle_count(&self) -> usize {
+        self.lock().values().map(Vec::len).sum()
+    }
 }
 
 /// What became of a request given to a backend connection.
 pub(crate) enum Exchange {
     /// The backend answered; the answer is ready for the client.
     Answered(Response<Body>),
-    /// The request failed after it was sent: the client gets this error.
-    Failed(Response<Body>),
+    /// The request failed after it was sent: the client gets this error, and the flag says
+    /// what failed.
+    Failed(Response<Body>, Flag),
     /// The connection could not take the request (it had closed); here it is back.
     NotSent(Request<RequestBody>),
 }
@@ -186,6 +195,16 @@ pub(crate) enum Upload {
     Failed,
 }
 
+/// How far a request body has come, and its bytes so far (counted when it ends, and when it
+/// is dropped unfinished: its readers do not wake for every frame).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Progress {
+    /// Where the body is.
+    pub(crate) state: Upload,
+    /// Bytes of it that went to the backend.
+    pub(crate) received: u64,
+}
+
 /// A client's request body on its way to the backend, within the gateway's size and time
 /// limits; it reports how far it got through a watch channel.
 pub(crate) struct RequestBody {
@@ -196,7 +215,7 @@ pub(crate) struct RequestBody {
     /// Started at the first poll, when the body begins to go to the backend: the time to
     /// pick an endpoint and open its tunnel is not the client's.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    progress: watch::Sender<Upload>,
+    progress: watch::Sender<Progress>,
 }
 
 /// Why the gateway cut a request body off.
@@ -227,13 +246,17 @@ impl RequestBody {
             limit,
             timeout,
             deadline: None,
-            progress: watch::Sender::new(state),
+            progress: watch::Sender::new(Progress { state, received: 0 }),
         }
     }
 
     /// Follows the body's progress; the channel closes when the body is dropped.
-    pub(crate) fn progress(&self) -> watch::Receiver<Upload> {
+    pub(crate) fn progress(&self) -> watch::Receiver<Progress> {
         self.progress.subscribe()
+    }
+
+    fn state(&self) -> Upload {
+        self.progress.borrow().state
     }
 
     /// When the body must have arrived.
@@ -245,7 +268,22 @@ impl RequestBody {
     }
 
     fn end(&mut self, how: Upload) {
-        self.progress.send_replace(how);
+        self.progress.send_replace(Progress {
+            state: how,
+            received: self.received,
+        });
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        // Unfinished (the backend answered without reading it all): its count so far, without
+        // waking anyone, as the state has not changed.
+        let received = self.received;
+        self.progress.send_if_modified(|p| {
+            p.received = received;
+            false
+        });
     }
 }
 
@@ -258,7 +296,7 @@ impl HttpBody for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
-        if *this.progress.borrow() != Upload::Sending {
+        if this.state() != Upload::Sending {
             return Poll::Ready(None);
         }
         if this.deadline.is_none() {
@@ -303,7 +341,7 @@ impl HttpBody for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        *self.progress.borrow() != Upload::Sending || self.inner.is_end_stream()
+        self.state() != Upload::Sending || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -311,9 +349,11 @@ impl HttpBody for RequestBody {
     }
 }
 
-/// Speaks HTTP/1.1 over `tunnel`.
+/// Speaks HTTP/1.1 over `tunnel`, counted in `metrics` as an open tunnel until the
+/// connection ends.
 pub(crate) async fn connect(
     tunnel: meshkit_hbone::Tunnel,
+    metrics: &Metrics,
 ) -> Result<SendRequest<RequestBody>, Response<Body>> {
     let (sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tunnel)).await {
         Ok(pair) => pair,
@@ -322,10 +362,14 @@ pub(crate) async fn connect(
             return Err(error(StatusCode::BAD_GATEWAY, "backend handshake failed"));
         }
     };
+    metrics.tunnels_opened.inc();
+    metrics.tunnels.inc();
+    let open = metrics.tunnels.clone();
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "backend connection ended with an error");
         }
+        open.dec();
     });
     Ok(sender)
 }
@@ -348,7 +392,7 @@ pub(crate) async fn exchange(
         biased;
         result = send.as_mut() => Some(Some(result)),
         // Ended, cut off, or dropped (the channel closes): the backend's turn.
-        _ = upload.wait_for(|u| *u != Upload::Sending) => None,
+        _ = upload.wait_for(|u| u.state != Upload::Sending) => None,
         () = tokio::time::sleep_until(backstop) => Some(None),
     };
     let result = match early {
@@ -365,17 +409,40 @@ pub(crate) async fn exchange(
         }
         Some(Err(mut e)) => match e.take_message() {
             Some(req) => Exchange::NotSent(req),
-            None => Exchange::Failed(match *upload.borrow() {
-                Upload::TooLarge => error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large"),
-                Upload::TimedOut => error(StatusCode::REQUEST_TIMEOUT, "request body timed out"),
-                Upload::Failed => error(StatusCode::BAD_REQUEST, "request body failed"),
-                Upload::Sending | Upload::Done => {
-                    tracing::info!(error = %e.error(), "backend request failed");
-                    error(StatusCode::BAD_GATEWAY, "backend request failed")
+            None => {
+                let state = upload.borrow().state;
+                match state {
+                    Upload::TooLarge => Exchange::Failed(
+                        error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large"),
+                        Flag::None,
+                    ),
+                    Upload::TimedOut => Exchange::Failed(
+                        error(StatusCode::REQUEST_TIMEOUT, "request body timed out"),
+                        Flag::None,
+                    ),
+                    Upload::Failed => Exchange::Failed(
+                        error(StatusCode::BAD_REQUEST, "request body failed"),
+                        Flag::DownstreamConnectionTermination,
+                    ),
+                    Upload::Sending | Upload::Done => {
+                        tracing::info!(error = %e.error(), "backend request failed");
+                        let flag = if e.error().is_parse() {
+                            Flag::UpstreamProtocolError
+                        } else {
+                            Flag::UpstreamConnectionTermination
+                        };
+                        Exchange::Failed(
+                            error(StatusCode::BAD_GATEWAY, "backend request failed"),
+                            flag,
+                        )
+                    }
                 }
-            }),
+            }
         },
-        None => Exchange::Failed(error(StatusCode::GATEWAY_TIMEOUT, "backend timed out")),
+        None => Exchange::Failed(
+            error(StatusCode::GATEWAY_TIMEOUT, "backend timed out"),
+            Flag::UpstreamRequestTimeout,
+        ),
     }
 }
 

@@ -11,7 +11,12 @@
 //! ```
 //!
 //! Every step answers errors itself (a short plain-text response with the status above) and
-//! never fails as a `Service`: the stack's error type is [`Infallible`].
+//! never fails as a `Service`: the stack's error type is [`Infallible`]. Each answer also
+//! carries, in a private response extension, how it was served (configuration, route,
+//! endpoint, and the response flag of a failure: `DPE`, `NR`, `NC`, `UH`, `UF`, `UC`, `UPE`,
+//! `UT`), which the listener reads for the request's metrics and access-log line. `Forward`
+//! puts the request's `traceparent` (the listener's, naming the gateway's span) on the
+//! CONNECT of every tunnel it opens.
 //!
 //! A new filter is a [`RequestFilter`] (or any `Layer` when it must see the response too),
 //! added as one more `.layer(..)` in the stack's builder between the steps whose results it
@@ -32,7 +37,9 @@ use meshkit_mesh::Endpoint;
 use tower::Layer;
 use tower_service::Service;
 
+use crate::observe::{self, Flag, Served};
 use crate::proxy::{self, Body, Exchange, error};
+use crate::trace::TRACEPARENT;
 use crate::{Compiled, Shared};
 
 /// The future of the last step, [`Forward`].
@@ -75,9 +82,13 @@ pub struct ResolvedBackends {
 }
 
 /// The configuration a request is served with, taken once by [`RouteLayer`] so that every
-/// later step sees the same one even if a new one arrives meanwhile.
+/// later step sees the same one even if a new one arrives meanwhile, and the key of the
+/// route it matched there (for the request's metrics).
 #[derive(Clone)]
-struct Config(Arc<Compiled>);
+struct Config {
+    compiled: Arc<Compiled>,
+    route: usize,
+}
 
 /// Builds the gateway's stack over `shared`.
 pub(crate) fn build(shared: Arc<Shared>) -> Stack {
@@ -227,6 +238,20 @@ impl RequestFilter for Route {
 impl Route {
     #[allow(clippy::result_large_err)] // the answer moves straight into the response
     fn route(&self, req: &mut Request<Incoming>) -> Result<(), Response<Body>> {
+        let compiled = self.shared.current.borrow().clone();
+        let refuse = |status, message, flag, target: Option<RouteTarget>, route| {
+            observe::served(
+                error(status, message),
+                Served {
+                    config: compiled.clone(),
+                    target,
+                    route,
+                    endpoint: None,
+                    flag,
+                    upload: None,
+                },
+            )
+        };
         // RFC 9112, 3.2: more than one Host line is a 400; which one the client meant is
         // not the gateway's to guess (nor the backend's: it gets one, rewritten).
         if req
@@ -236,22 +261,50 @@ impl Route {
             .nth(1)
             .is_some()
         {
-            return Err(error(StatusCode::BAD_REQUEST, "more than one Host header"));
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "more than one Host header",
+                Flag::DownstreamProtocolError,
+                None,
+                0,
+            ));
         }
         // An empty Host names no host: no rule could match it by name.
-        let host = proxy::request_host(req)
-            .filter(|host| !host.is_empty())
-            .ok_or_else(|| error(StatusCode::BAD_REQUEST, "no host in the request"))?;
-        let compiled = self.shared.current.borrow().clone();
-        let route = compiled
-            .table
-            .route(&host, req.uri().path())
-            .ok_or_else(|| error(StatusCode::NOT_FOUND, "no route"))?;
-        let backend = route
-            .backend()
-            .service
-            .as_ref()
-            .ok_or_else(|| error(StatusCode::NOT_FOUND, "route has no service backend"))?;
+        let Some(host) = proxy::request_host(req).filter(|host| !host.is_empty()) else {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "no host in the request",
+                Flag::DownstreamProtocolError,
+                None,
+                0,
+            ));
+        };
+        let Some(route) = compiled.table.route(&host, req.uri().path()) else {
+            return Err(refuse(
+                StatusCode::NOT_FOUND,
+                "no route",
+                Flag::NoRoute,
+                None,
+                0,
+            ));
+        };
+        let key = observe::route_key(&route);
+        let Some(backend) = route.backend().service.as_ref() else {
+            let target = RouteTarget {
+                host,
+                namespace: route.namespace().to_owned(),
+                service: String::new(),
+                port_number: None,
+                port_name: None,
+            };
+            return Err(refuse(
+                StatusCode::NOT_FOUND,
+                "route has no service backend",
+                Flag::NoRoute,
+                Some(target),
+                key,
+            ));
+        };
         let target = RouteTarget {
             namespace: route.namespace().to_owned(),
             service: backend.name.clone().unwrap_or_default(),
@@ -264,8 +317,36 @@ impl Route {
             host,
         };
         req.extensions_mut().insert(target);
-        req.extensions_mut().insert(Config(compiled.clone()));
+        req.extensions_mut().insert(Config {
+            compiled: compiled.clone(),
+            route: key,
+        });
         Ok(())
+    }
+}
+
+/// A refusal after routing, served with the request's configuration and route.
+fn refuse_routed(
+    req: &mut Request<Incoming>,
+    status: StatusCode,
+    message: &'static str,
+    flag: Flag,
+) -> Response<Body> {
+    let resp = error(status, message);
+    let target = req.extensions_mut().remove::<RouteTarget>();
+    match req.extensions_mut().remove::<Config>() {
+        Some(Config { compiled, route }) => observe::served(
+            resp,
+            Served {
+                config: compiled,
+                target,
+                route,
+                endpoint: None,
+                flag,
+                upload: None,
+            },
+        ),
+        None => resp,
     }
 }
 
@@ -288,7 +369,7 @@ impl RequestFilter for Resolve {
 impl Resolve {
     #[allow(clippy::result_large_err)] // the answer moves straight into the response
     fn resolve(&self, req: &mut Request<Incoming>) -> Result<(), Response<Body>> {
-        let (Some(target), Some(Config(compiled))) = (
+        let (Some(target), Some(Config { compiled, .. })) = (
             req.extensions().get::<RouteTarget>(),
             req.extensions().get::<Config>(),
         ) else {
@@ -299,22 +380,29 @@ impl Resolve {
         };
         let Some(service) = compiled.index.service(&target.namespace, &target.service) else {
             tracing::info!(namespace = %target.namespace, service = %target.service, "backend service unknown");
-            return Err(error(
+            return Err(refuse_routed(
+                req,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "backend service unknown",
+                Flag::NoCluster,
             ));
         };
-        let port = service
-            .port(target.port_number, target.port_name.as_deref())
-            .ok_or_else(|| {
-                error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "backend service has no such port",
-                )
-            })?;
+        let Some(port) = service.port(target.port_number, target.port_name.as_deref()) else {
+            return Err(refuse_routed(
+                req,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "backend service has no such port",
+                Flag::NoCluster,
+            ));
+        };
         let mut endpoints = compiled.index.endpoints(service, port);
         if endpoints.is_empty() {
-            return Err(error(StatusCode::SERVICE_UNAVAILABLE, "no endpoints"));
+            return Err(refuse_routed(
+                req,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no endpoints",
+                Flag::NoHealthyUpstream,
+            ));
         }
         let turn = self
             .shared
@@ -445,10 +533,56 @@ impl Service<Request<Incoming>> for Forward {
     }
 }
 
+/// What became of a request given to the endpoints.
+struct Forwarded {
+    resp: Response<Body>,
+    flag: Flag,
+    /// The endpoint that answered, or the last one tried.
+    endpoint: Option<SocketAddr>,
+}
+
 async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> {
+    let target = req.extensions_mut().remove::<RouteTarget>();
+    let Some(Config { compiled, route }) = req.extensions_mut().remove::<Config>() else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "request not routed");
+    };
+    let mut upload = None;
+    let Forwarded {
+        resp,
+        flag,
+        endpoint,
+    } = forward_to_endpoints(shared, req, &mut upload).await;
+    observe::served(
+        resp,
+        Served {
+            config: compiled,
+            target,
+            route,
+            endpoint,
+            flag,
+            upload,
+        },
+    )
+}
+
+async fn forward_to_endpoints(
+    shared: &Shared,
+    mut req: Request<Incoming>,
+    upload: &mut Option<tokio::sync::watch::Receiver<proxy::Progress>>,
+) -> Forwarded {
+    let refuse = |status, message, flag, endpoint| Forwarded {
+        resp: error(status, message),
+        flag,
+        endpoint,
+    };
     let Some(ResolvedBackends { endpoints }) = req.extensions_mut().remove::<ResolvedBackends>()
     else {
-        return error(StatusCode::INTERNAL_SERVER_ERROR, "request not resolved");
+        return refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "request not resolved",
+            Flag::None,
+            None,
+        );
     };
     let settings = &shared.settings;
     // A declared length over the limit is refused before any tunnel is opened; a body
@@ -459,7 +593,12 @@ async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > settings.max_request_body_bytes) {
-        return error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
+        return refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large",
+            Flag::None,
+            None,
+        );
     }
     let mut req = req.map(|body| {
         proxy::RequestBody::new(
@@ -468,8 +607,11 @@ async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> 
             settings.request_body_timeout,
         )
     });
+    *upload = Some(req.body().progress());
+    let mut last = None;
     for ep in &endpoints {
         tracing::debug!(path = %req.uri().path(), endpoint = %ep.address, identity = %ep.identity, "forwarding");
+        last = Some(ep.address);
         let key = (ep.hbone, ep.address, ep.identity.clone());
         // An idle connection to this endpoint first. One that closed since it was pooled
         // gives the request back, and a new tunnel takes it.
@@ -477,20 +619,30 @@ async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> 
             match proxy::exchange(&mut sender, req, shared.settings.response_timeout).await {
                 Exchange::Answered(resp) => {
                     shared.pool.put_back_when_ready(key, sender);
-                    return answered(shared, resp, ep);
+                    return answered(shared, resp, Flag::None, ep);
                 }
-                Exchange::Failed(resp) => return answered(shared, resp, ep),
+                Exchange::Failed(resp, flag) => return answered(shared, resp, flag, ep),
                 Exchange::NotSent(back) => req = back,
             }
         }
         // The tunnel carries no `Forwarded` header: it serves many clients in turn, and each
-        // request names its own client in its HTTP headers.
-        let target = Target::new(
-            ep.hbone,
-            ep.address,
-            shared.settings.identity.clone(),
-            ep.identity.clone(),
-        );
+        // request names its own client in its HTTP headers. It carries the trace context of
+        // the request that opens it (the listener set the gateway's span in it).
+        let new_target = || {
+            Target::new(
+                ep.hbone,
+                ep.address,
+                shared.settings.identity.clone(),
+                ep.identity.clone(),
+            )
+        };
+        let target = match req.headers().get(TRACEPARENT).map(|v| v.to_str()) {
+            // Always valid: the listener wrote it.
+            Some(Ok(tp)) => new_target()
+                .traceparent(tp)
+                .unwrap_or_else(|_| new_target()),
+            _ => new_target(),
+        };
         let tunnel = match shared.client.open(target).await {
             Ok(tunnel) => tunnel,
             Err(e) => {
@@ -498,31 +650,42 @@ async fn forward(shared: &Shared, mut req: Request<Incoming>) -> Response<Body> 
                 continue;
             }
         };
-        let mut sender = match proxy::connect(tunnel).await {
+        let mut sender = match proxy::connect(tunnel, &shared.metrics).await {
             Ok(sender) => sender,
-            Err(resp) => return answered(shared, resp, ep),
+            Err(resp) => return answered(shared, resp, Flag::UpstreamConnectionFailure, ep),
         };
         return match proxy::exchange(&mut sender, req, shared.settings.response_timeout).await {
             Exchange::Answered(resp) => {
                 shared.pool.put_back_when_ready(key, sender);
-                answered(shared, resp, ep)
+                answered(shared, resp, Flag::None, ep)
             }
-            Exchange::Failed(resp) => answered(shared, resp, ep),
-            Exchange::NotSent(_) => error(
+            Exchange::Failed(resp, flag) => answered(shared, resp, flag, ep),
+            Exchange::NotSent(_) => refuse(
                 StatusCode::BAD_GATEWAY,
                 "backend connection closed before the request",
+                Flag::UpstreamConnectionTermination,
+                Some(ep.address),
             ),
         };
     }
-    error(StatusCode::SERVICE_UNAVAILABLE, "no endpoint reachable")
+    refuse(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no endpoint reachable",
+        Flag::UpstreamConnectionFailure,
+        last,
+    )
 }
 
 /// The backend's answer; when the settings ask for it, naming the workload that answered and
 /// the identity its end of the tunnel proved (the tunnel opens only when the peer presents
 /// exactly this identity).
-fn answered(shared: &Shared, mut resp: Response<Body>, ep: &Endpoint) -> Response<Body> {
+fn answered(shared: &Shared, mut resp: Response<Body>, flag: Flag, ep: &Endpoint) -> Forwarded {
     if shared.settings.expose_backend_headers {
         proxy::name_backend(resp.headers_mut(), ep);
     }
-    resp
+    Forwarded {
+        resp,
+        flag,
+        endpoint: Some(ep.address),
+    }
 }

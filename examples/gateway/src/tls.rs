@@ -91,3 +91,62 @@ pub(super) fn server_config(
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
+
+/// What a TLS Secret's certificate is, for the config dump and the expiry gauge: never its
+/// key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct CertInfo {
+    pub(super) namespace: String,
+    pub(super) name: String,
+    /// The leaf's DNS names (subject alternative names), else its common name.
+    pub(super) dns_names: Vec<String>,
+    /// The leaf's `notAfter`, seconds since the Unix epoch.
+    pub(super) not_after: Option<i64>,
+    /// Why the Secret is not served, if it is not.
+    pub(super) error: Option<String>,
+}
+
+/// Describes each Secret's leaf certificate (and whether the gateway could load the pair).
+pub(super) fn describe(secrets: &[TlsCertificate], store: &CertStore) -> Vec<CertInfo> {
+    secrets
+        .iter()
+        .map(|s| {
+            let mut info = CertInfo {
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+                dns_names: Vec::new(),
+                not_after: None,
+                error: None,
+            };
+            match CertificateDer::pem_slice_iter(s.cert_pem.as_bytes()).next() {
+                Some(Ok(der)) => match x509_parser::parse_x509_certificate(&der) {
+                    Ok((_, cert)) => {
+                        info.not_after = Some(cert.validity().not_after.timestamp());
+                        if let Ok(Some(san)) = cert.subject_alternative_name() {
+                            for name in &san.value.general_names {
+                                if let x509_parser::extensions::GeneralName::DNSName(dns) = name {
+                                    info.dns_names.push((*dns).to_owned());
+                                }
+                            }
+                        }
+                        if info.dns_names.is_empty() {
+                            info.dns_names.extend(
+                                cert.subject()
+                                    .iter_common_name()
+                                    .filter_map(|cn| cn.as_str().ok())
+                                    .map(str::to_owned),
+                            );
+                        }
+                    }
+                    Err(e) => info.error = Some(format!("tls.crt: {e}")),
+                },
+                Some(Err(e)) => info.error = Some(format!("tls.crt: {e}")),
+                None => info.error = Some("tls.crt holds no certificate".into()),
+            }
+            if info.error.is_none() && !store.contains_key(&(s.namespace.clone(), s.name.clone())) {
+                info.error = Some("not loaded (see the gateway's log)".into());
+            }
+            info
+        })
+        .collect()
+}

@@ -10,16 +10,27 @@
 //!
 //! The Ingress file (YAML, multi-document) and the mesh file (JSON of
 //! `meshkit_mesh::MeshConfig`) are re-read when they change; new requests use
-//! the new configuration, open connections stay. Stops on SIGINT/SIGTERM.
+//! the new configuration, open connections stay.
+//!
+//! The admin endpoint (`--admin-addr`, default `127.0.0.1:15090`) serves `/healthz/ready`
+//! (ready once the gateway's certificate is obtained, the first configuration is there and
+//! every listener is bound), `/metrics` and `/stats/prometheus`, `/config_dump` and
+//! `/logging`. One access-log line per request at info level (`--access-log-json` for JSON).
+//!
+//! SIGINT or SIGTERM drains: readiness turns 503, the listeners close, requests in flight
+//! get `--drain-seconds` (default 5) to finish, then what is left is closed. A second signal
+//! stops at once.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
 
 use clap::Parser;
+use meshkit_admin::{AccessLog, Admin, LogFilter, Registry};
 use meshkit_cli::{
-    CliError, ControlPlaneArgs, init_logging, load_bundle, parse_id, reload_every_second, run_main,
-    stop_signal,
+    CliError, ControlPlaneArgs, init_logging_with_filter, load_bundle, parse_id,
+    reload_every_second, run_main, stop_signal,
 };
 use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
 use meshkit_hbone::Client;
@@ -92,12 +103,27 @@ struct Args {
     /// Worker threads (1: everything on one thread).
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// The admin endpoint: /healthz/ready, /metrics, /stats/prometheus, /config_dump,
+    /// /logging (unauthenticated: keep it on localhost).
+    #[arg(long, default_value = "127.0.0.1:15090")]
+    admin_addr: SocketAddr,
+    /// Seconds requests in flight may take to finish after SIGTERM or SIGINT, before what is
+    /// left is closed.
+    #[arg(long, default_value_t = 5)]
+    drain_seconds: u64,
+    /// Access-log lines as JSON objects instead of key=value text.
+    #[arg(long)]
+    access_log_json: bool,
+    /// The gateway's workload name, its `source_workload` label in the request metrics
+    /// (default: unknown).
+    #[arg(long)]
+    workload_name: Option<String>,
 }
 
 fn main() -> ExitCode {
-    init_logging();
+    let log_filter = init_logging_with_filter();
     let args = Args::parse();
-    run_main("ingress-gateway", args.threads, run(args))
+    run_main("ingress-gateway", args.threads, run(args, log_filter))
 }
 
 fn read(path: &Path, what: &str) -> Result<String, CliError> {
@@ -134,7 +160,7 @@ fn load_config(
     })
 }
 
-async fn run(args: Args) -> Result<(), CliError> {
+async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
     if args.listen.is_none() && args.listen_tls.is_none() {
         return Err("give --listen, --listen-tls or both".into());
     }
@@ -149,7 +175,7 @@ async fn run(args: Args) -> Result<(), CliError> {
         ca = ca.with_bearer_token(&token)?;
     }
     let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
-    let client = Client::new(meshkit_cli::hbone_client_config(), certs, bundles);
+    let client = Client::new(meshkit_cli::hbone_client_config(), certs.clone(), bundles);
 
     let secrets = args
         .tls_secrets
@@ -179,12 +205,55 @@ async fn run(args: Args) -> Result<(), CliError> {
         }
         (None, None) => return Err("give --xds, or --ingress and --mesh".into()),
     };
-    let mut settings = GatewaySettings::new(identity).with_provider(meshkit_cli::crypto_provider());
+    let mut settings = GatewaySettings::new(identity.clone())
+        .with_provider(meshkit_cli::crypto_provider())
+        .with_access_log(if args.access_log_json {
+            AccessLog::json()
+        } else {
+            AccessLog::text()
+        });
     if let Some(class) = &args.ingress_class {
         settings = settings.with_ingress_class(class.clone());
     }
+    if let Some(name) = &args.workload_name {
+        settings = settings.with_workload_name(name.clone());
+    }
     let settings = args.limits.apply(settings);
     let gateway = Gateway::new(settings, client, config_rx);
+
+    // Ready once the gateway's own certificate is obtained and every listener is bound (the
+    // gateway itself waits for its first configuration).
+    let certificates = gateway.readiness().condition("certificates");
+    let listeners = gateway.readiness().condition("listeners");
+    let admin = admin(&gateway, &certs, &identity, log_filter);
+    let admin_listener = TcpListener::bind(args.admin_addr)
+        .await
+        .map_err(|e| format!("cannot listen on {} (--admin-addr): {e}", args.admin_addr))?;
+    tracing::info!(addr = %args.admin_addr, "admin listener");
+    let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+    let admin_task = tokio::spawn(admin.serve(admin_listener, async {
+        let _ = admin_stopped.await;
+    }));
+    let obtain = {
+        let (certs, identity) = (certs.clone(), identity.clone());
+        tokio::spawn(async move {
+            let mut wait = Duration::from_millis(200);
+            loop {
+                match certs.get(&identity).await {
+                    Ok(_) => {
+                        certificates.set_ready();
+                        // Held, so that the condition stays (met) for the run.
+                        return std::future::pending::<()>().await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %meshkit_cli::error_chain(&e), "cannot obtain the gateway's certificate yet; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(10));
+                    }
+                }
+            }
+        })
+    };
 
     let mut servers = tokio::task::JoinSet::new();
     if let Some(addr) = args.listen {
@@ -201,6 +270,7 @@ async fn run(args: Args) -> Result<(), CliError> {
         tracing::info!(%addr, "HTTPS listener");
         servers.spawn(gateway.clone().serve_https(listener));
     }
+    listeners.set_ready();
 
     let reload = async {
         let (Some(config_tx), Some((ingress, mesh))) = (&config_tx, &files) else {
@@ -212,7 +282,13 @@ async fn run(args: Args) -> Result<(), CliError> {
         .await
     };
     tokio::select! {
-        () = stop_signal() => tracing::info!("stopping"),
+        () = stop_signal() => {
+            tracing::info!(drain_seconds = args.drain_seconds, "stopping: draining");
+            tokio::select! {
+                () = gateway.drain(Duration::from_secs(args.drain_seconds)) => {}
+                () = stop_signal() => tracing::info!("second stop signal: stopping now"),
+            }
+        }
         () = reload => {}
         Some(done) = servers.join_next() => {
             if let Ok(Err(e)) = done {
@@ -221,7 +297,48 @@ async fn run(args: Args) -> Result<(), CliError> {
         }
     }
     servers.shutdown().await;
+    obtain.abort();
+    let _ = admin_stop.send(());
+    let _ = admin_task.await;
+    drop(listeners);
     Ok(())
+}
+
+/// The admin endpoint: the gateway's metrics, readiness and config dump (with the gateway's
+/// own certificate: identity and expiry), and the log filter.
+fn admin(
+    gateway: &Gateway,
+    certs: &SvidCache,
+    identity: &meshkit_identity::SpiffeId,
+    log_filter: LogFilter,
+) -> Admin {
+    let mut registry = Registry::default();
+    gateway.register_metrics(&mut registry);
+    let (gateway, certs, identity) = (gateway.clone(), certs.clone(), identity.clone());
+    let readiness = gateway.readiness().clone();
+    Admin::new("ingress-gateway", registry)
+        .with_readiness(readiness)
+        .with_log_filter(log_filter)
+        .with_config_dump(move || {
+            let mut dump = gateway.config_dump();
+            let svid = certs.current(&identity).map(|svid| {
+                let not_after = svid
+                    .not_after()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                serde_json::json!({
+                    "identity": svid.spiffe_id().as_ref(),
+                    "not_after_unix": not_after,
+                })
+            });
+            if let Some(out) = dump.as_object_mut() {
+                out.insert(
+                    "certificate".to_owned(),
+                    svid.unwrap_or(serde_json::Value::Null),
+                );
+            }
+            dump
+        })
 }
 
 /// What a client may hold, and whose forwarding headers count (docs/gateway.md, "Limits").

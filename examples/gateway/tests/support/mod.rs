@@ -3,7 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,6 +19,7 @@ use meshkit_identity::{
 use meshkit_mesh::{MeshConfig, MeshService, ServicePort, Workload};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 /// The routed host.
@@ -47,6 +48,17 @@ pub struct Harness {
     pub https: SocketAddr,
     /// Roots that trust the HTTPS listener's certificate.
     pub roots: Arc<rustls::RootCertStore>,
+    /// The gateway (its readiness, metrics, drain).
+    pub gateway: Gateway,
+    /// The gateway's configuration channel.
+    pub config: tokio::sync::watch::Sender<GatewayConfig>,
+    /// The configuration the gateway was started with, or (with
+    /// [`start_without_config`]) the one it was not given yet.
+    pub prepared: GatewayConfig,
+    /// The headers of every CONNECT the backend's HBONE server accepted, in order.
+    pub connects: Arc<Mutex<Vec<http::HeaderMap>>>,
+    /// Each permit lets one `/slow` answer finish (or one `/slow-head` answer start).
+    pub release: Arc<Semaphore>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -81,6 +93,23 @@ pub async fn start_with(
     tune: impl FnOnce(GatewaySettings) -> GatewaySettings,
     configure: impl FnOnce(&mut GatewayConfig),
 ) -> Harness {
+    start_inner(tune, configure, false).await
+}
+
+/// [`start_with`], the gateway started with the default (empty) configuration: the one it
+/// would route by is in [`Harness::prepared`], for the test to send on [`Harness::config`].
+pub async fn start_without_config(
+    tune: impl FnOnce(GatewaySettings) -> GatewaySettings,
+    configure: impl FnOnce(&mut GatewayConfig),
+) -> Harness {
+    start_inner(tune, configure, true).await
+}
+
+async fn start_inner(
+    tune: impl FnOnce(GatewaySettings) -> GatewaySettings,
+    configure: impl FnOnce(&mut GatewayConfig),
+    empty: bool,
+) -> Harness {
     let td = TrustDomain::new("cluster.local").expect("td");
     let ca = TestCa::new(td.clone());
     let gateway_id = id("spiffe://cluster.local/ns/istio-system/sa/ingress-gateway");
@@ -89,7 +118,8 @@ pub async fn start_with(
 
     let app = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
     let app_port = app.local_addr().expect("addr").port();
-    tasks.push(tokio::spawn(serve_app(app)));
+    let release = Arc::new(Semaphore::new(0));
+    tasks.push(tokio::spawn(serve_app_with(app, release.clone())));
 
     let tls = TlsSettings::default()
         .server_config(
@@ -99,10 +129,17 @@ pub async fn start_with(
         .expect("hbone tls");
     let hbone = TcpListener::bind("127.0.0.1:0").await.expect("bind hbone");
     let hbone_port = hbone.local_addr().expect("addr").port();
+    let connects = Arc::new(Mutex::new(Vec::new()));
+    let seen = connects.clone();
     let server = Server::new(
         ServerConfig::default(),
         SingleIdentity::new(tls),
-        Forward::new(),
+        Forward::new().with_policy(move |req| {
+            seen.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(req.headers.clone());
+            true
+        }),
     );
     tasks.push(tokio::spawn(async move {
         let _ = server.serve(hbone).await;
@@ -144,7 +181,13 @@ pub async fn start_with(
         ..GatewayConfig::default()
     };
     configure(&mut config);
-    let (config_tx, config_rx) = tokio::sync::watch::channel(config);
+    let prepared = config.clone();
+    let initial = if empty {
+        GatewayConfig::default()
+    } else {
+        config
+    };
+    let (config_tx, config_rx) = tokio::sync::watch::channel(initial);
     let client = Client::new(
         ClientConfig::default(),
         ca.issue(gateway_id.clone()),
@@ -160,10 +203,9 @@ pub async fn start_with(
     );
     let serve_http = gateway.clone().serve_http(http);
     tasks.push(tokio::spawn(async move {
-        let _keep = config_tx;
         let _ = serve_http.await;
     }));
-    let serve_https = gateway.serve_https(https);
+    let serve_https = gateway.clone().serve_https(https);
     tasks.push(tokio::spawn(async move {
         let _ = serve_https.await;
     }));
@@ -171,50 +213,127 @@ pub async fn start_with(
         http: http_addr,
         https: https_addr,
         roots: Arc::new(roots),
+        gateway,
+        config: config_tx,
+        prepared,
+        connects,
+        release,
         tasks,
     }
+}
+
+/// The test app (see [`serve_app`] and its `/slow` paths) on `ip`, a free port: the port,
+/// and the semaphore whose permits release its slow answers.
+pub async fn app_on(ip: &str) -> (u16, Arc<Semaphore>, JoinHandle<()>) {
+    let listener = TcpListener::bind((ip, 0)).await.expect("bind app");
+    let port = listener.local_addr().expect("addr").port();
+    let release = Arc::new(Semaphore::new(0));
+    let task = tokio::spawn(serve_app_with(listener, release.clone()));
+    (port, release, task)
+}
+
+/// Serves the gateway's admin endpoint on a loopback port; its address.
+pub async fn admin(h: &mut Harness) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+    let addr = listener.local_addr().expect("addr");
+    let admin = h.gateway.admin(meshkit_admin::Registry::default());
+    h.tasks.push(tokio::spawn(async move {
+        let _ = admin.serve(listener, std::future::pending()).await;
+    }));
+    addr
+}
+
+/// [`meshkit_test_support::http_get`] off the runtime's threads.
+pub async fn admin_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || meshkit_test_support::http_get(addr, &path))
+        .await
+        .expect("admin request")
+}
+
+/// [`meshkit_test_support::scrape`] (a strict parse) off the runtime's threads.
+pub async fn scrape(addr: SocketAddr) -> meshkit_test_support::openmetrics::Exposition {
+    tokio::task::spawn_blocking(move || meshkit_test_support::scrape(addr))
+        .await
+        .expect("scrape")
 }
 
 /// The backend: reads the whole body and answers `got N` with the forwarding headers it saw
 /// (`x-seen-xff`, `x-seen-forwarded`). `/big` answers 4 MiB, `/huge` [`HUGE`] bytes.
 async fn serve_app(listener: TcpListener) {
+    serve_app_with(listener, Arc::new(Semaphore::new(0))).await;
+}
+
+/// [`serve_app`], and also: the trace headers it saw (`x-seen-traceparent`,
+/// `x-seen-tracestate`); `/slow` answers [`SLOW_FIRST`] at once and [`SLOW_REST`] once
+/// `release` gives a permit; `/slow-head` waits for a permit before its head.
+async fn serve_app_with(listener: TcpListener, release: Arc<Semaphore>) {
     loop {
         let Ok((sock, _)) = listener.accept().await else {
             return;
         };
+        let release = release.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
-                let xff = req.headers().get("x-forwarded-for").cloned();
-                let forwarded = req.headers().get("forwarded").cloned();
-                let chunks = match req.uri().path() {
-                    "/big" => (4 << 20) / CHUNK.len(),
-                    "/huge" => HUGE / CHUNK.len(),
-                    _ => 0,
-                };
-                if req.uri().path() == "/stall" {
-                    // Reads nothing and never answers.
-                    std::future::pending::<()>().await;
-                }
-                let body = req.into_body().collect().await?.to_bytes();
-                let answer = if chunks > 0 {
-                    AppBody {
-                        first: None,
-                        chunks_left: chunks,
+            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                let release = release.clone();
+                async move {
+                    let traceparent = req.headers().get("traceparent").cloned();
+                    let tracestate = req.headers().get("tracestate").cloned();
+                    match req.uri().path() {
+                        "/slow" => {
+                            let body = SlowBody::new(release);
+                            let mut resp =
+                                hyper::Response::new(http_body_util::Either::Right(body));
+                            if let Some(v) = traceparent {
+                                resp.headers_mut().insert("x-seen-traceparent", v);
+                            }
+                            return Ok::<_, hyper::Error>(resp);
+                        }
+                        "/slow-head" => {
+                            if let Ok(permit) = release.acquire().await {
+                                permit.forget();
+                            }
+                        }
+                        _ => {}
                     }
-                } else {
-                    AppBody {
-                        first: Some(Bytes::from(format!("got {}", body.len()))),
-                        chunks_left: 0,
+                    let xff = req.headers().get("x-forwarded-for").cloned();
+                    let forwarded = req.headers().get("forwarded").cloned();
+                    let chunks = match req.uri().path() {
+                        "/big" => (4 << 20) / CHUNK.len(),
+                        "/huge" => HUGE / CHUNK.len(),
+                        _ => 0,
+                    };
+                    if req.uri().path() == "/stall" {
+                        // Reads nothing and never answers.
+                        std::future::pending::<()>().await;
                     }
-                };
-                let mut resp = hyper::Response::new(answer);
-                if let Some(v) = xff {
-                    resp.headers_mut().insert("x-seen-xff", v);
+                    let body = req.into_body().collect().await?.to_bytes();
+                    let answer = if chunks > 0 {
+                        AppBody {
+                            first: None,
+                            chunks_left: chunks,
+                        }
+                    } else {
+                        AppBody {
+                            first: Some(Bytes::from(format!("got {}", body.len()))),
+                            chunks_left: 0,
+                        }
+                    };
+                    let mut resp = hyper::Response::new(http_body_util::Either::Left(answer));
+                    if let Some(v) = xff {
+                        resp.headers_mut().insert("x-seen-xff", v);
+                    }
+                    if let Some(v) = forwarded {
+                        resp.headers_mut().insert("x-seen-forwarded", v);
+                    }
+                    if let Some(v) = traceparent {
+                        resp.headers_mut().insert("x-seen-traceparent", v);
+                    }
+                    if let Some(v) = tracestate {
+                        resp.headers_mut().insert("x-seen-tracestate", v);
+                    }
+                    Ok::<_, hyper::Error>(resp)
                 }
-                if let Some(v) = forwarded {
-                    resp.headers_mut().insert("x-seen-forwarded", v);
-                }
-                Ok::<_, hyper::Error>(resp)
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(sock), service)
@@ -255,6 +374,58 @@ impl hyper::body::Body for AppBody {
             None => return std::task::Poll::Ready(None),
         };
         std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
+    }
+}
+
+/// The first part of the app's `/slow` answer, sent at once.
+pub const SLOW_FIRST: &str = "first part;";
+
+/// The rest of the app's `/slow` answer, sent once released.
+pub const SLOW_REST: &str = "the rest, after a wait";
+
+/// The app's `/slow` answer: [`SLOW_FIRST`], then [`SLOW_REST`] once its semaphore gives a
+/// permit.
+struct SlowBody {
+    first: bool,
+    wait: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+}
+
+impl SlowBody {
+    fn new(release: Arc<Semaphore>) -> Self {
+        Self {
+            first: true,
+            wait: Some(Box::pin(async move {
+                if let Ok(permit) = release.acquire().await {
+                    permit.forget();
+                }
+            })),
+        }
+    }
+}
+
+impl hyper::body::Body for SlowBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if this.first {
+            this.first = false;
+            return std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(
+                SLOW_FIRST.as_bytes(),
+            )))));
+        }
+        let Some(wait) = this.wait.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        std::task::ready!(wait.as_mut().poll(cx));
+        this.wait = None;
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(
+            SLOW_REST.as_bytes(),
+        )))))
     }
 }
 
