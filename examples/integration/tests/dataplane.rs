@@ -763,15 +763,37 @@ async fn unauthorized_identities_are_refused() {
         other_ca.issue(stranger.clone()),
         bundles,
     );
+    let failures = || {
+        node_b
+            .inbound_handshake_failures(hbone.ip())
+            .expect("node B serves web-1")
+    };
+    let before = failures();
     let err = open_in_time(&client, Target::new(hbone, web1, stranger, web_id))
         .await
         .expect_err("stranger refused");
     let chain = meshkit_identity::ErrorChain(&err).to_string();
     assert!(
         err.status().is_none() && !err.is_peer_identity(),
-        "refused for another reason than the node proxy's alert: {chain}"
+        "refused for another reason than the node proxy's refusal: {chain}"
     );
-    assert!(chain.contains("CertificateUnknown"), "{chain}");
+    // The refusal is the node proxy's: its listener counts the failed handshake. The client
+    // reads the alert, unless its first write after the handshake (TLS 1.3 lets it write
+    // before the server has checked its certificate) met the closed socket first, whose
+    // reset then discards the alert.
+    tokio::time::timeout(PATIENCE, async {
+        while failures() != before + 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("node B counts the refused handshake");
+    assert!(
+        chain.contains("CertificateUnknown")
+            || chain.contains("broken pipe")
+            || chain.contains("reset"),
+        "{chain}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -313,8 +313,11 @@ async fn the_demo_mesh_end_to_end_with_curl() {
         "not the node proxy's refusal of the client certificate: {refusal}"
     );
 
-    // And through the HBONE client: the same alert ends the connection before any CONNECT,
-    // and the client did not refuse the node proxy itself.
+    // And through the HBONE client: the same refusal ends the connection before any CONNECT,
+    // and the client did not refuse the node proxy itself. It reads the alert, unless its
+    // first write after the handshake (TLS 1.3 lets it write before the server has checked
+    // its certificate) met the closed socket first, whose reset then discards the alert; the
+    // raw client above has shown which alert the node proxy sends.
     let client = Client::new(
         ClientConfig::default(),
         impostor_ca.issue(impostor.clone()),
@@ -330,7 +333,12 @@ async fn the_demo_mesh_end_to_end_with_curl() {
         !err.is_peer_identity() && err.status().is_none(),
         "refused for another reason than the node proxy's alert: {chain}"
     );
-    assert!(chain.contains("CertificateUnknown"), "{chain}");
+    assert!(
+        chain.contains("CertificateUnknown")
+            || chain.contains("broken pipe")
+            || chain.contains("reset"),
+        "{chain}"
+    );
 
     drop(mesh);
     let _ = std::fs::remove_dir_all(&dir);

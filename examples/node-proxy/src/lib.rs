@@ -208,6 +208,8 @@ pub struct NodeProxy {
     /// This run's hold on the telemetry's live figures, released on drop.
     live: u64,
     drain: watch::Sender<bool>,
+    /// The inbound HBONE servers' statistics, by workload IP.
+    servers: telemetry::Servers,
 }
 
 /// How a [`NodeProxy::drain`] ended.
@@ -321,6 +323,7 @@ impl NodeProxy {
             own: outbound.iter().chain(&config.reserved).copied().collect(),
         });
         let servers = telemetry::Servers::default();
+        let server_stats = servers.clone();
         let live = telemetry.attach(Live {
             node: config.node.clone(),
             trust_domain: config.trust_domain.clone(),
@@ -420,7 +423,19 @@ impl NodeProxy {
             telemetry,
             live,
             drain: drain_tx,
+            servers: server_stats,
         })
+    }
+
+    /// TLS handshakes that failed or timed out on the inbound HBONE listener of the local
+    /// workload `ip` (a client certificate refused, for one), since that listener started;
+    /// `None` when the node proxy serves no listener for `ip`.
+    pub fn inbound_handshake_failures(&self, ip: std::net::IpAddr) -> Option<u64> {
+        self.servers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ip)
+            .map(|stats| stats.handshake_failures())
     }
 
     /// The bound addresses of the outbound listeners, in the order of
