@@ -39,7 +39,8 @@ use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{SpiffeId, SvidCache, TrustBundle, TrustBundleSet, TrustDomain};
 use meshkit_mesh::MeshConfig;
 use meshkit_mesh::feed::mesh_over_xds;
-use meshkit_node_proxy::{NodeProxy, NodeProxyConfig};
+use meshkit_node_proxy::admin::Registry;
+use meshkit_node_proxy::{NodeProxy, NodeProxyConfig, Telemetry};
 use meshkit_xds_client::ClientConfig as XdsConfig;
 use meshkit_xds_client::envoy::Node;
 use meshkit_xds_client::protocol::Mode;
@@ -236,6 +237,9 @@ pub struct DemoMesh {
     pub https_addr: SocketAddr,
     /// The mesh as the gateway sees it, from xDS.
     pub gateway_config: watch::Receiver<GatewayConfig>,
+    /// Each part's admin endpoint (`/healthz/ready`, `/metrics`, `/config_dump`), by part:
+    /// `control-plane`, `gateway`, and each node's name.
+    pub admin_addrs: BTreeMap<String, SocketAddr>,
     /// What each node proxy is started from, to restart it.
     node_parts: BTreeMap<String, NodeParts>,
     trust_domain: TrustDomain,
@@ -247,6 +251,8 @@ pub struct DemoMesh {
 struct NodeParts {
     certs: SvidCache,
     mesh: watch::Receiver<MeshConfig>,
+    /// Its readiness and metrics, kept across restarts like the admin endpoint serving them.
+    telemetry: Telemetry,
 }
 
 impl std::fmt::Debug for DemoMesh {
@@ -297,7 +303,8 @@ impl DemoMesh {
         let mut cp_config = ControlPlaneConfig::new(&manifest_dir)
             .with_ads_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
             .with_ca_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
-            .with_grants(TokenGrants::parse(DEMO_TOKENS)?);
+            .with_grants(TokenGrants::parse(DEMO_TOKENS)?)
+            .with_admin_addr(SocketAddr::from(([127, 0, 0, 1], 0)));
         if let Some(envoy) = options.envoy {
             cp_config.translate.http_listener = envoy.http;
             cp_config.translate.https_listener = envoy.https;
@@ -313,6 +320,10 @@ impl DemoMesh {
         // The CA and ADS speak TLS with a certificate from the control plane's own CA.
         let ca_channel = control_plane.ca_channel()?;
         let mut tasks = Vec::new();
+        let mut admin_addrs = BTreeMap::new();
+        if let Some(addr) = control_plane.admin_addr() {
+            admin_addrs.insert("control-plane".to_owned(), addr);
+        }
 
         // Node proxies: certificates from the CA, workloads over Delta ADS.
         let mut node_proxies = BTreeMap::new();
@@ -322,15 +333,27 @@ impl DemoMesh {
             let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
             let (rx, feed) = mesh_over_xds(xds_config(&control_plane, Mode::Delta, node, token)?);
             tasks.extend(feed);
+            let telemetry = Telemetry::new();
             let proxy = NodeProxy::start(
-                node_proxy_config(node, &td),
+                node_proxy_config(node, &td, &telemetry),
                 rx.clone(),
                 certs.clone(),
                 bundles.clone(),
             )
             .await?;
+            let admin = telemetry.admin(Registry::default());
+            let (addr, serving) = serve_admin(admin).await?;
+            admin_addrs.insert((*node).to_owned(), addr);
+            tasks.push(serving);
             node_proxies.insert((*node).to_owned(), proxy);
-            node_parts.insert((*node).to_owned(), NodeParts { certs, mesh: rx });
+            node_parts.insert(
+                (*node).to_owned(),
+                NodeParts {
+                    certs,
+                    mesh: rx,
+                    telemetry,
+                },
+            );
         }
         progress("node proxies: node-a and node-b, workloads over Delta xDS");
 
@@ -356,6 +379,9 @@ impl DemoMesh {
             hbone,
             gateway_config.clone(),
         );
+        let (addr, serving) = serve_admin(gateway.admin(Registry::default())).await?;
+        admin_addrs.insert("gateway".to_owned(), addr);
+        tasks.push(serving);
         let http = TcpListener::bind(options.http).await?;
         let https = TcpListener::bind(options.https).await?;
         let (http_addr, https_addr) = (http.local_addr()?, https.local_addr()?);
@@ -435,6 +461,7 @@ impl DemoMesh {
             http_addr,
             https_addr,
             gateway_config,
+            admin_addrs,
             tasks,
         })
     }
@@ -470,7 +497,7 @@ impl DemoMesh {
             .get(node)
             .ok_or_else(|| format!("no node {node} in the demo"))?;
         let proxy = NodeProxy::start(
-            node_proxy_config(node, &self.trust_domain),
+            node_proxy_config(node, &self.trust_domain, &parts.telemetry),
             parts.mesh.clone(),
             parts.certs.clone(),
             self.bundles.clone(),
@@ -502,8 +529,91 @@ fn xds_config(
 }
 
 /// A node proxy of the demo, with the programs' crypto provider.
-fn node_proxy_config(node: &str, trust_domain: &TrustDomain) -> NodeProxyConfig {
-    NodeProxyConfig::new(node, trust_domain.clone()).with_client(meshkit_cli::hbone_client_config())
+fn node_proxy_config(
+    node: &str,
+    trust_domain: &TrustDomain,
+    telemetry: &Telemetry,
+) -> NodeProxyConfig {
+    NodeProxyConfig::new(node, trust_domain.clone())
+        .with_client(meshkit_cli::hbone_client_config())
+        .with_telemetry(telemetry.clone())
+        .waiting_for_first_mesh()
+}
+
+/// Serves `admin` on a free loopback port: its address and the serving task.
+async fn serve_admin(
+    admin: meshkit_node_proxy::admin::Admin,
+) -> Result<(SocketAddr, JoinHandle<()>), CliError> {
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let _ = admin.serve(listener, std::future::pending()).await;
+    });
+    Ok((addr, task))
+}
+
+/// `GET path` on a part's admin endpoint at `addr`: the body of a 200 answer.
+///
+/// # Errors
+///
+/// When the endpoint cannot be reached within 10 s or does not answer 200.
+pub async fn admin_get(addr: SocketAddr, path: &str) -> Result<String, CliError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut sock = tokio::net::TcpStream::connect(addr).await?;
+        sock.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+        let mut raw = Vec::new();
+        sock.read_to_end(&mut raw).await?;
+        Ok::<_, std::io::Error>(raw)
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .map_err(|_| format!("{addr}{path}: no answer within 10 s"))??;
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("{addr}{path}: not an HTTP answer"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(format!("{addr}{path}: {}", head.lines().next().unwrap_or("")).into());
+    }
+    Ok(body.to_owned())
+}
+
+/// The samples named `name` in a metrics text (what `/metrics` answers): each one's labels
+/// and value. Lines that are not samples of `name` are skipped; this reads figures for a
+/// summary and checks nothing of the format.
+pub fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(rest) => match rest.rsplit_once("} ") {
+                Some((labels, value)) => (labels, value),
+                None => continue,
+            },
+            None => match rest.strip_prefix(' ') {
+                Some(value) => ("", value),
+                None => continue,
+            },
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let mut map = BTreeMap::new();
+        // Label values here never hold `",` (names, identities, numbers).
+        for pair in labels.split("\",").filter(|p| !p.is_empty()) {
+            if let Some((k, v)) = pair.split_once("=\"") {
+                map.insert(k.to_owned(), v.trim_end_matches('"').to_owned());
+            }
+        }
+        out.push((map, value));
+    }
+    out
 }
 
 /// One listener per (workload address, target port) of the services' endpoints.

@@ -126,6 +126,34 @@ fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
             "{name}: no tunnel {line}:\n{stdout}"
         );
     }
+    // The gateway's own /metrics count the same answers: every route's requests, and the
+    // HTTPS one, all 200.
+    assert_eq!(
+        count_of(
+            &stdout,
+            "gateway: istio_requests_total by response_code: 200"
+        ),
+        Some(ROUTES.len() * REQUESTS + 1),
+        "{stdout}"
+    );
+    // Each node proxy's own /metrics count the gateway's tunnels to it: as many inbound
+    // connections as tunnels it reported accepting.
+    for node in ["node-a", "node-b"] {
+        let tunnels: usize = stdout
+            .lines()
+            .filter_map(|l| {
+                let rest = l.trim().strip_prefix(&format!("{node}: {GATEWAY} -> "))?;
+                rest.rsplit_once(" x")?.1.parse::<usize>().ok()
+            })
+            .sum();
+        let prefix = format!("{node}: from {GATEWAY}: ");
+        let scraped = stdout
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(' ').next()?.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("no scraped figure for {node}:\n{stdout}"));
+        assert_eq!(scraped, tunnels, "{node}:\n{stdout}");
+    }
     // HTTPS with SNI: answered by a web workload.
     let https = stdout
         .lines()

@@ -193,6 +193,15 @@ async fn run(args: Args) -> Result<bool, CliError> {
     let started = Instant::now();
     let mesh = DemoMesh::start(dir.clone(), options, |line| println!("      {line}")).await?;
     step(2, total, &format!("mesh up in {:?}", started.elapsed()));
+    let admins: Vec<String> = mesh
+        .admin_addrs
+        .iter()
+        .map(|(part, addr)| format!("{part} http://{addr}"))
+        .collect();
+    println!(
+        "      admin endpoints (/healthz/ready, /metrics, /config_dump): {}",
+        admins.join(", ")
+    );
     if let Some(path) = &args.envoy_bootstrap_out {
         let bootstrap = envoy_bootstrap_with(
             mesh.control_plane.ads_addr(),
@@ -324,9 +333,13 @@ async fn run(args: Args) -> Result<bool, CliError> {
         println!("      FAILED: no node proxy saw the gateway's identity");
         all_ok = false;
     }
+    all_ok &= print_scraped(&mesh).await;
 
     if args.serve {
         println!("\nserving; try:");
+        for (part, addr) in &mesh.admin_addrs {
+            println!("  curl http://{addr}/metrics        # {part}");
+        }
         println!(
             "  curl -H 'Host: shop.example.com' http://{}/api/v1",
             mesh.http_addr
@@ -348,6 +361,64 @@ async fn run(args: Args) -> Result<bool, CliError> {
     drop(mesh);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(all_ok)
+}
+
+/// The summary's figures as Prometheus would scrape them from each part's `/metrics`: the
+/// gateway's requests by code, each node proxy's inbound connections and bytes by peer
+/// identity. False if a part could not be scraped.
+async fn print_scraped(mesh: &meshkit_demo::DemoMesh) -> bool {
+    println!("      from the parts' own /metrics:");
+    let mut ok = true;
+    for (part, addr) in &mesh.admin_addrs {
+        let text = match meshkit_demo::admin_get(*addr, "/metrics").await {
+            Ok(text) => text,
+            Err(e) => {
+                println!("        {part}: FAILED to scrape: {e}");
+                ok = false;
+                continue;
+            }
+        };
+        if part == "gateway" {
+            let mut codes: BTreeMap<String, f64> = BTreeMap::new();
+            for (labels, value) in meshkit_demo::samples(&text, "istio_requests_total") {
+                let code = labels.get("response_code").cloned().unwrap_or_default();
+                *codes.entry(code).or_default() += value;
+            }
+            let codes: Vec<String> = codes.iter().map(|(c, n)| format!("{c} x{n}")).collect();
+            println!(
+                "        gateway: istio_requests_total by response_code: {}",
+                codes.join(", ")
+            );
+        } else if part != "control-plane" {
+            // Inbound (reporter=destination): who connected, and the bytes each way.
+            let mut peers: BTreeMap<String, [f64; 4]> = BTreeMap::new();
+            for (i, name) in [
+                "istio_tcp_connections_opened_total",
+                "istio_tcp_connections_closed_total",
+                "istio_tcp_received_bytes_total",
+                "istio_tcp_sent_bytes_total",
+            ]
+            .iter()
+            .enumerate()
+            {
+                for (labels, value) in meshkit_demo::samples(&text, name) {
+                    if labels.get("reporter").map(String::as_str) != Some("destination") {
+                        continue;
+                    }
+                    let peer = labels.get("source_principal").cloned().unwrap_or_default();
+                    peers.entry(peer).or_default()[i] += value;
+                }
+            }
+            // Bytes are counted when a connection closes; the gateway's pooled tunnels are
+            // still open here.
+            for (peer, [opened, closed, received, sent]) in &peers {
+                println!(
+                    "        {part}: from {peer}: {opened} connections opened, {closed} closed ({received} bytes in, {sent} bytes out)"
+                );
+            }
+        }
+    }
+    ok
 }
 
 struct Answer {
