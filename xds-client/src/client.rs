@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -17,7 +18,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{Chain, Error};
-use crate::protocol::{Event, Mode, RemovalReason, Request, Response, Session, SessionConfig};
+use crate::protocol::{
+    Event, Failover, Mode, RemovalReason, Request, Response, Session, SessionConfig,
+};
 use crate::resource::{Resource, ResourceType};
 use crate::watch::{self, Sink, Watch};
 
@@ -26,6 +29,8 @@ use crate::watch::{self, Sink, Watch};
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     uri: String,
+    /// Fallback servers, in priority order after `uri` (gRFC A71).
+    fallback: Vec<String>,
     mode: Mode,
     node: Node,
     does_not_exist_timeout: Duration,
@@ -38,6 +43,7 @@ pub struct ClientConfig {
     max_resources_per_type: usize,
     max_cached_bytes: usize,
     max_type_urls: usize,
+    ignore_resource_deletion: bool,
     give_up_after: Option<Duration>,
     #[cfg(feature = "tls")]
     tls: Option<crate::tls::TlsConnector>,
@@ -55,7 +61,8 @@ pub struct XdsClient {
     next_id: Arc<AtomicU64>,
 }
 
-/// The future that does the work: connects, keeps the stream up, applies responses and feeds
+/// The future that does the work: connects, keeps the stream up (falling back to the next
+/// server when one fails, see [`ClientConfig::fallback_servers`]), applies responses and feeds
 /// the watches. Spawn [`Driver::run`] on a tokio runtime.
 #[derive(Debug)]
 pub struct Driver {
@@ -81,6 +88,9 @@ enum Command {
 /// The protocol core plus the watchers it feeds; synchronous, so the driver stays a thin loop.
 struct Router {
     session: Session,
+    /// Counts the changes of the subscriptions on the wire, so a probe whose requests are
+    /// outdated is reopened.
+    generation: u64,
     watchers: HashMap<u64, Watcher>,
     named: HashMap<&'static str, HashMap<String, Vec<u64>>>,
     wildcard: HashMap<&'static str, Vec<u64>>,
@@ -103,12 +113,66 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<Response, tonic::Status>>
 /// The RPC, resolved when the server sends response headers.
 type PendingCall = Pin<Box<dyn Future<Output = Result<ResponseStream, tonic::Status>> + Send>>;
 
-/// Exponential backoff with jitter; reset only when a response arrives, so a server that
-/// accepts streams and then fails them is not hammered.
-struct Backoff {
-    initial: Duration,
-    max: Duration,
-    attempt: u32,
+type ConnectFuture = Pin<Box<dyn Future<Output = Result<Channel, Error>> + Send>>;
+/// A probe's stream: resolves when the server sends its first response.
+type ProbeFuture = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
+
+/// The active server's connection, stage by stage. Every future is boxed in place, so
+/// [`Link::next`] is cancel safe.
+enum Link {
+    Idle,
+    Connecting {
+        server: usize,
+        connect: ConnectFuture,
+    },
+    /// The session is connected from here on: its requests are queued on the call.
+    Opening {
+        server: usize,
+        call: PendingCall,
+    },
+    Streaming {
+        server: usize,
+        responses: ResponseStream,
+        answered: bool,
+    },
+}
+
+enum LinkEvent {
+    Connected(usize, Channel),
+    Opened(usize, ResponseStream),
+    Response(usize, Response),
+    Ended {
+        server: usize,
+        /// The stream had sent a response: not a failure of the server (gRFC A71).
+        answered: bool,
+        /// Whether the session was connected to it (so must be told it is gone).
+        session: bool,
+        error: Error,
+    },
+}
+
+/// A higher-priority server retried while a fallback serves (gRFC A71). Its stream carries
+/// the session's subscriptions ([`Session::initial_requests`]) so that the server has
+/// something to answer; its first response makes it the active server again.
+struct Probe {
+    server: usize,
+    stage: ProbeStage,
+}
+
+enum ProbeStage {
+    Connecting(ConnectFuture),
+    Waiting {
+        channel: Channel,
+        /// [`Router::generation`] of the requests sent.
+        generation: u64,
+        stream: ProbeFuture,
+    },
+}
+
+enum ProbeEvent {
+    Connected(Channel),
+    Answered,
+    Failed(Error),
 }
 
 // === impl ClientConfig ===
@@ -118,6 +182,7 @@ impl ClientConfig {
     pub fn new(uri: impl Into<String>, mode: Mode, node: Node) -> Self {
         Self {
             uri: uri.into(),
+            fallback: Vec::new(),
             mode,
             node,
             does_not_exist_timeout: Duration::from_secs(15),
@@ -130,6 +195,7 @@ impl ClientConfig {
             max_resources_per_type: 100_000,
             max_cached_bytes: 256 << 20,
             max_type_urls: 32,
+            ignore_resource_deletion: false,
             give_up_after: None,
             #[cfg(feature = "tls")]
             tls: None,
@@ -144,8 +210,9 @@ impl ClientConfig {
         self
     }
 
-    /// Reconnect backoff: first delay (default 500 ms) and cap (default 30 s). Each delay is
-    /// jittered to between half and all of its nominal value.
+    /// Reconnect backoff, per server: first delay (default 500 ms) and cap (default 30 s).
+    /// Each delay is jittered to between half and all of its nominal value; a server's backoff
+    /// resets when it sends a response.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.backoff_initial = initial;
         self.backoff_max = max.max(initial);
@@ -197,9 +264,42 @@ impl ClientConfig {
         self
     }
 
+    /// Fallback servers (gRFC A71), in priority order after the one given to
+    /// [`new`](Self::new) (default: none). The client streams from the first server it can
+    /// use and moves to the next when the current one cannot be reached or its stream ends
+    /// before a response (a stream that ends after one is reopened on the same server). While a
+    /// fallback serves, every higher-priority server keeps being retried with its own backoff,
+    /// on a stream that carries the client's subscriptions; the first to send a response
+    /// becomes the active server again and the lower-priority streams are closed. The cache
+    /// and the watches carry over every switch: no deletion and no does-not-exist comes from
+    /// a switch itself, and the new server is asked for what the client holds (SotW: the last
+    /// accepted version; Delta: `initial_resource_versions`). TLS, call credentials, node and
+    /// timeouts apply to every server; [`with_channel`](Self::with_channel) replaces only the
+    /// first server's connection.
+    ///
+    /// Unlike gRPC, the client falls back even when every watched resource is cached: it keeps
+    /// receiving updates rather than serving a cache that no server refreshes.
+    pub fn fallback_servers<I, S>(mut self, uris: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.fallback = uris.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// State of the World: keep a Listener or Cluster that a response leaves out instead of
+    /// deleting it (default false), as gRPC's `ignore_resource_deletion` server feature
+    /// (gRFC A53). See [`SessionConfig::ignore_resource_deletion`].
+    pub fn ignore_resource_deletion(mut self, ignore: bool) -> Self {
+        self.ignore_resource_deletion = ignore;
+        self
+    }
+
     /// Stop with an error when connecting or the stream fails and no response has arrived for
     /// this long (default: never; the client retries forever and serves its cache meanwhile).
-    /// A healthy stream on which the server has nothing to send is not a failure.
+    /// A healthy stream on which the server has nothing to send is not a failure. With
+    /// fallback servers, it is checked when the last server fails.
     pub fn give_up_after(mut self, d: Duration) -> Self {
         self.give_up_after = Some(d);
         self
@@ -237,16 +337,24 @@ impl ClientConfig {
         Ok(self.tls(std::sync::Arc::new(config), None))
     }
 
-    fn endpoint(&self) -> Result<Endpoint, Error> {
+    /// The endpoint of every server, in priority order.
+    fn endpoints(&self) -> Result<Vec<Endpoint>, Error> {
+        std::iter::once(&self.uri)
+            .chain(&self.fallback)
+            .map(|uri| self.endpoint(uri))
+            .collect()
+    }
+
+    fn endpoint(&self, uri: &str) -> Result<Endpoint, Error> {
         // With our own TLS connector, tonic must not try TLS itself (it would refuse `https`
         // without its own TLS features); the scheme only ends up in the `:scheme` header.
         #[cfg(feature = "tls")]
-        let uri = match (&self.tls, self.uri.strip_prefix("https://")) {
+        let uri = match (&self.tls, uri.strip_prefix("https://")) {
             (Some(_), Some(rest)) => format!("http://{rest}"),
-            _ => self.uri.clone(),
+            _ => uri.to_owned(),
         };
         #[cfg(not(feature = "tls"))]
-        let uri = self.uri.clone();
+        let uri = uri.to_owned();
         let ep = Endpoint::from_shared(uri).map_err(Error::config)?;
         Ok(ep
             .connect_timeout(self.connect_timeout)
@@ -269,7 +377,8 @@ impl XdsClient {
                 .does_not_exist_timeout(config.does_not_exist_timeout)
                 .max_resources_per_type(config.max_resources_per_type)
                 .max_cached_bytes(config.max_cached_bytes)
-                .max_type_urls(config.max_type_urls),
+                .max_type_urls(config.max_type_urls)
+                .ignore_resource_deletion(config.ignore_resource_deletion),
         );
         (
             XdsClient {
@@ -327,103 +436,181 @@ impl Driver {
     ///
     /// Dropping the future stops the client; watches then end.
     pub async fn run(mut self) -> Result<(), Error> {
-        let endpoint = self.config.endpoint()?;
-        let mut backoff = Backoff {
-            initial: self.config.backoff_initial,
-            max: self.config.backoff_max,
-            attempt: 0,
-        };
+        let endpoints = self.config.endpoints()?;
+        let last = endpoints.len() - 1;
+        let mut servers = Failover::new(endpoints.len(), now())
+            .with_backoff(self.config.backoff_initial, self.config.backoff_max);
+        let mut link = Link::Idle;
+        let mut probes: Vec<Probe> = Vec::new();
         self.last_response = Instant::now();
         loop {
-            let failure = match self.serve_one_stream(&endpoint, &mut backoff).await {
-                Ok(Some(failure)) => failure,
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(e),
-            };
-            tracing::debug!(error = %Chain(&failure), "xds: stream ended");
-            if let Some(limit) = self.config.give_up_after
-                && self.last_response.elapsed() >= limit
-            {
-                return Err(Error::gave_up(failure));
+            while let Some(server) = servers.poll_connect(now()) {
+                let connect = self.connect(&endpoints[server], server);
+                if server == servers.active() {
+                    link = Link::Connecting { server, connect };
+                } else {
+                    tracing::debug!(server, "xds: probing a higher-priority server");
+                    probes.push(Probe {
+                        server,
+                        stage: ProbeStage::Connecting(connect),
+                    });
+                }
             }
-            let delay = backoff.next_delay();
-            let sleep = tokio::time::sleep(delay);
-            if self.idle_until(sleep).await.is_none() {
-                return Ok(());
+            self.refresh_probes(&mut probes);
+            let deadline = self.router.session.poll_timeout();
+            let retry = servers.poll_timeout();
+            tokio::select! {
+                biased;
+                cmd = self.commands.recv() => match cmd {
+                    Some(cmd) => self.router.command(cmd),
+                    None => return Ok(()),
+                },
+                event = link.next() => match event {
+                    LinkEvent::Connected(server, channel) => link = self.open(server, channel),
+                    LinkEvent::Opened(server, responses) => {
+                        link = Link::Streaming { server, responses, answered: false };
+                    }
+                    LinkEvent::Response(server, response) => {
+                        self.last_response = Instant::now();
+                        servers.on_response(server, now());
+                        self.router.session.handle_response(now(), response);
+                    }
+                    LinkEvent::Ended { server, answered, session, error } => {
+                        link = Link::Idle;
+                        if session {
+                            self.router.disconnected();
+                        }
+                        tracing::debug!(server, error = %Chain(&error), "xds: stream ended");
+                        if answered {
+                            servers.on_closed(server, now());
+                        } else {
+                            if server == last
+                                && let Some(limit) = self.config.give_up_after
+                                && self.last_response.elapsed() >= limit
+                            {
+                                return Err(Error::gave_up(error));
+                            }
+                            servers.on_failure(server, now());
+                            if servers.active() != server {
+                                tracing::info!(
+                                    from = server,
+                                    to = servers.active(),
+                                    error = %Chain(&error),
+                                    "xds: server failed before answering; falling back to the next"
+                                );
+                            }
+                        }
+                    }
+                },
+                (i, event) = poll_probes(&mut probes), if !probes.is_empty() => {
+                    let server = probes[i].server;
+                    match event {
+                        ProbeEvent::Connected(channel) => {
+                            probes[i].stage = self.probe_stream(channel);
+                        }
+                        ProbeEvent::Failed(error) => {
+                            tracing::debug!(server, error = %Chain(&error), "xds: probe failed");
+                            probes.swap_remove(i);
+                            servers.on_failure(server, now());
+                        }
+                        ProbeEvent::Answered => {
+                            let probe = probes.swap_remove(i);
+                            if servers.on_response(server, now()) {
+                                tracing::info!(server, "xds: a higher-priority server answers again; switching back to it");
+                                probes.retain(|p| p.server < server);
+                                if matches!(link, Link::Opening { .. } | Link::Streaming { .. }) {
+                                    self.router.disconnected();
+                                }
+                                let ProbeStage::Waiting { channel, .. } = probe.stage else {
+                                    unreachable!("a probe answers only once its stream is open");
+                                };
+                                // A fresh stream from the session: the probe's requests may be
+                                // outdated (the cache moved on meanwhile).
+                                link = self.open(server, channel);
+                            }
+                        }
+                    }
+                }
+                () = sleep_until(deadline) => self.router.session.handle_timeout(now()),
+                () = sleep_until(retry) => {}
             }
+            self.router.flush();
         }
     }
 
-    /// One connect-and-stream cycle. `Ok(Some(e))`: the stream failed with `e`; `Ok(None)`:
-    /// everyone is gone.
-    async fn serve_one_stream(
-        &mut self,
-        endpoint: &Endpoint,
-        backoff: &mut Backoff,
-    ) -> Result<Option<Error>, Error> {
-        let connect = self.connect(endpoint);
-        let channel = match self.idle_until(connect).await {
-            None => return Ok(None),
-            Some(Err(e)) => return Ok(Some(Error::connect(e))),
-            Some(Ok(c)) => c,
-        };
+    /// Opens the ADS call of the active server on `channel` and connects the session to it.
+    fn open(&mut self, server: usize, channel: Channel) -> Link {
         let (outgoing, call) = self.open_call(channel);
         // Queue the first requests before awaiting response headers: some servers send
         // headers only with their first response.
         self.router.outgoing = Some(outgoing);
         self.router.session.on_connected(now());
-        self.router.flush();
-        let mut responses = match self.idle_until(call).await {
-            None => return Ok(None),
-            Some(Err(status)) => {
-                self.router.disconnected();
-                return Ok(Some(Error::stream(status)));
-            }
-            Some(Ok(stream)) => stream,
-        };
-        let result = loop {
-            let deadline = self.router.session.poll_timeout();
-            tokio::select! {
-                biased;
-                cmd = self.commands.recv() => match cmd {
-                    Some(cmd) => self.router.command(cmd),
-                    None => break None,
-                },
-                msg = responses.next() => match msg {
-                    Some(Ok(resp)) => {
-                        backoff.attempt = 0;
-                        self.last_response = Instant::now();
-                        self.router.session.handle_response(now(), resp);
-                    }
-                    Some(Err(status)) => break Some(Error::stream(status)),
-                    None => break Some(Error::stream("the server closed the stream")),
-                },
-                () = sleep_until(deadline) => self.router.session.handle_timeout(now()),
-            }
-            self.router.flush();
-        };
-        self.router.disconnected();
-        Ok(result)
+        Link::Opening { server, call }
     }
 
-    fn connect(
-        &self,
-        endpoint: &Endpoint,
-    ) -> impl Future<Output = Result<Channel, tonic::transport::Error>> + use<> {
+    /// A probe's stream on `channel`, carrying the session's subscriptions as they are now.
+    fn probe_stream(&self, channel: Channel) -> ProbeStage {
+        let (outgoing, call) = self.open_call(channel.clone());
+        for request in self.router.session.initial_requests() {
+            // The receiver is the call's request stream, alive as long as `call`.
+            let _ = match (&outgoing, request) {
+                (Outgoing::Sotw(tx), Request::Sotw(r)) => tx.send(r).is_ok(),
+                (Outgoing::Delta(tx), Request::Delta(r)) => tx.send(r).is_ok(),
+                _ => false,
+            };
+        }
+        let stream = async move {
+            let _outgoing = outgoing;
+            let mut responses = call.await.map_err(Error::stream)?;
+            match responses.next().await {
+                Some(Ok(_)) => Ok(()),
+                Some(Err(status)) => Err(Error::stream(status)),
+                None => Err(Error::stream("the server closed the stream")),
+            }
+        };
+        ProbeStage::Waiting {
+            channel,
+            generation: self.router.generation,
+            stream: Box::pin(stream),
+        }
+    }
+
+    /// Reopens the stream of every probe still waiting whose requests predate a subscription
+    /// change, so that a server which has only what was asked for since can answer.
+    fn refresh_probes(&self, probes: &mut [Probe]) {
+        for probe in probes {
+            if let ProbeStage::Waiting {
+                channel,
+                generation,
+                ..
+            } = &probe.stage
+                && *generation != self.router.generation
+            {
+                let channel = channel.clone();
+                probe.stage = self.probe_stream(channel);
+            }
+        }
+    }
+
+    fn connect(&self, endpoint: &Endpoint, server: usize) -> ConnectFuture {
         let endpoint = endpoint.clone();
         #[cfg(feature = "tls")]
         let tls = self.config.tls.clone();
-        let channel = self.config.channel.clone();
-        async move {
+        // A caller-built channel replaces the first server's connection only.
+        let channel = self.config.channel.clone().filter(|_| server == 0);
+        Box::pin(async move {
             if let Some(channel) = channel {
                 return Ok(channel);
             }
             #[cfg(feature = "tls")]
             if let Some(tls) = tls {
-                return endpoint.connect_with_connector(tls).await;
+                return endpoint
+                    .connect_with_connector(tls)
+                    .await
+                    .map_err(Error::connect);
             }
-            endpoint.connect().await
-        }
+            endpoint.connect().await.map_err(Error::connect)
+        })
     }
 
     fn open_call(&self, channel: Channel) -> (Outgoing, PendingCall) {
@@ -462,25 +649,78 @@ impl Driver {
             }
         }
     }
+}
 
-    /// Waits for `fut` while still serving watch commands and timers. `None`: every handle and
-    /// watch is gone.
-    async fn idle_until<F: Future>(&mut self, fut: F) -> Option<F::Output> {
-        tokio::pin!(fut);
-        loop {
-            let deadline = self.router.session.poll_timeout();
-            tokio::select! {
-                biased;
-                cmd = self.commands.recv() => match cmd {
-                    Some(cmd) => self.router.command(cmd),
-                    None => return None,
+// === impl Link ===
+
+impl Link {
+    /// What happens next on the link; pending forever when idle. Cancel safe. After an event
+    /// the caller replaces the link (except after a response).
+    async fn next(&mut self) -> LinkEvent {
+        match self {
+            Link::Idle => std::future::pending().await,
+            Link::Connecting { server, connect } => match connect.await {
+                Ok(channel) => LinkEvent::Connected(*server, channel),
+                Err(error) => LinkEvent::Ended {
+                    server: *server,
+                    answered: false,
+                    session: false,
+                    error,
                 },
-                out = &mut fut => return Some(out),
-                () = sleep_until(deadline) => self.router.session.handle_timeout(now()),
+            },
+            Link::Opening { server, call } => match call.await {
+                Ok(responses) => LinkEvent::Opened(*server, responses),
+                Err(status) => LinkEvent::Ended {
+                    server: *server,
+                    answered: false,
+                    session: true,
+                    error: Error::stream(status),
+                },
+            },
+            Link::Streaming {
+                server,
+                responses,
+                answered,
+            } => {
+                let error = match responses.next().await {
+                    Some(Ok(response)) => {
+                        *answered = true;
+                        return LinkEvent::Response(*server, response);
+                    }
+                    Some(Err(status)) => Error::stream(status),
+                    None => Error::stream("the server closed the stream"),
+                };
+                LinkEvent::Ended {
+                    server: *server,
+                    answered: *answered,
+                    session: true,
+                    error,
+                }
             }
-            self.router.flush();
         }
     }
+}
+
+/// The first probe with something to report, by index.
+fn poll_probes(probes: &mut [Probe]) -> impl Future<Output = (usize, ProbeEvent)> + '_ {
+    std::future::poll_fn(move |cx| {
+        for (i, probe) in probes.iter_mut().enumerate() {
+            let event = match &mut probe.stage {
+                ProbeStage::Connecting(connect) => match connect.as_mut().poll(cx) {
+                    Poll::Ready(Ok(channel)) => ProbeEvent::Connected(channel),
+                    Poll::Ready(Err(e)) => ProbeEvent::Failed(e),
+                    Poll::Pending => continue,
+                },
+                ProbeStage::Waiting { stream, .. } => match stream.as_mut().poll(cx) {
+                    Poll::Ready(Ok(())) => ProbeEvent::Answered,
+                    Poll::Ready(Err(e)) => ProbeEvent::Failed(e),
+                    Poll::Pending => continue,
+                },
+            };
+            return Poll::Ready((i, event));
+        }
+        Poll::Pending
+    })
 }
 
 fn now() -> std::time::Instant {
@@ -500,6 +740,7 @@ impl Router {
     fn new(session: Session) -> Self {
         Self {
             session,
+            generation: 0,
             watchers: HashMap::new(),
             named: HashMap::new(),
             wildcard: HashMap::new(),
@@ -548,6 +789,7 @@ impl Router {
                 ids.push(id);
                 if ids.len() == 1 {
                     self.session.subscribe(kind, name);
+                    self.generation += 1;
                 }
             }
             None => {
@@ -564,6 +806,7 @@ impl Router {
                 ids.push(id);
                 if ids.len() == 1 {
                     self.session.subscribe_wildcard(kind);
+                    self.generation += 1;
                 }
             }
         }
@@ -591,6 +834,7 @@ impl Router {
                     if ids.is_empty() {
                         by_name.remove(name);
                         self.session.unsubscribe(w.type_url, name);
+                        self.generation += 1;
                     }
                 }
             }
@@ -600,6 +844,7 @@ impl Router {
                     if ids.is_empty() {
                         self.wildcard.remove(w.type_url);
                         self.session.unsubscribe_wildcard(w.type_url);
+                        self.generation += 1;
                     }
                 }
             }
@@ -669,49 +914,5 @@ impl std::fmt::Debug for Router {
             .field("session", &self.session)
             .field("watchers", &self.watchers.len())
             .finish_non_exhaustive()
-    }
-}
-
-// === impl Backoff ===
-
-impl Backoff {
-    fn next_delay(&mut self) -> Duration {
-        let exp = self.attempt.min(20);
-        self.attempt = self.attempt.saturating_add(1);
-        let nominal = self
-            .initial
-            .checked_mul(1u32 << exp)
-            .unwrap_or(self.max)
-            .min(self.max);
-        // Jitter in [nominal/2, nominal] spreads clients that lost the same server.
-        nominal.mul_f64(0.5 + fastrand::f64() * 0.5)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_with_jitter_up_to_the_cap() {
-        let mut b = Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(2),
-            attempt: 0,
-        };
-        let nominal = [100u64, 200, 400, 800, 1600, 2000, 2000, 2000];
-        for n in nominal {
-            let d = b.next_delay();
-            assert!(d >= Duration::from_millis(n / 2), "{d:?} < half of {n} ms");
-            assert!(d <= Duration::from_millis(n), "{d:?} > {n} ms");
-        }
-        for _ in 0..100 {
-            assert!(b.next_delay() <= Duration::from_secs(2));
-        }
-        b.attempt = 0;
-        assert!(
-            b.next_delay() <= Duration::from_millis(100),
-            "reset starts over"
-        );
     }
 }

@@ -6,11 +6,14 @@
 //!
 //! - [`protocol`]: the protocol core, with no I/O and no clock of its own (in the style of
 //!   `quinn-proto`). Subscriptions per type URL, versions, nonces, ACK/NACK, the resource cache,
-//!   does-not-exist and TTL timers. Every protocol rule is tested on it with a scripted server
-//!   and a simulated clock.
+//!   does-not-exist and TTL timers, and the choice among fallback servers. Every protocol rule
+//!   is tested on it with a scripted server and a simulated clock.
 //! - [`Resource`]: a resource type (type URL, name, two-step decode then validate), implemented
 //!   for Envoy's `Listener`, `RouteConfiguration`, `Cluster`, `ClusterLoadAssignment` and
 //!   `Secret` from the `envoy-types` crate, and implementable for your own types.
+//! - [`validate`]: the checks of those five types, as deep as Envoy's: the protoc-gen-validate
+//!   rules of their protos (generated from the annotations), defined enum values, and the rules
+//!   Envoy applies when it loads a resource. Each rejection names the field.
 //! - [`envoy`]: the Envoy types of the API re-exported (and [`envoy_types`] itself), so no
 //!   separately versioned `envoy-types` dependency is needed.
 //! - [`XdsClient`] and [`Driver`]: the async client over tonic. [`XdsClient::watch`] and
@@ -53,7 +56,14 @@
 //! arrives), resubscribes everything on the new stream and keeps serving the cache meanwhile:
 //! a lost connection never produces a deletion. HTTP/2 keepalive detects a black-holed
 //! connection. Invalid resources are NACKed with their names; the valid ones of the same
-//! response are applied. See `docs/xds.md` for each rule and how it is implemented.
+//! response are applied. A response for a type nobody watches is dropped unanswered (in
+//! State of the World an ACK naming nothing would subscribe to every resource of the type).
+//! With [`ClientConfig::fallback_servers`] the client moves to the next server when the
+//! current one cannot be reached or fails before answering, keeps its cache across the
+//! switch, and returns to a higher-priority server once that one answers again (gRFC A71,
+//! [`protocol::Failover`]). [`ClientConfig::ignore_resource_deletion`] keeps Listeners and
+//! Clusters that a State-of-the-World response leaves out (gRFC A53). See `docs/xds.md` for
+//! each rule and how it is implemented.
 //!
 //! # Feature flags
 //!
@@ -87,6 +97,7 @@ pub mod testing;
 #[cfg(feature = "tls")]
 mod tls;
 mod transport;
+pub mod validate;
 mod watch;
 
 /// The `envoy-types` crate this crate is built against, for the messages not re-exported in

@@ -2,7 +2,6 @@
 //! type-erased [`ResourceType`] that the protocol core works with.
 
 use std::any::Any;
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -12,6 +11,8 @@ use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 use prost::Message;
+
+use crate::validate::{self, Violation};
 
 /// A decoded resource with its concrete type erased; [`Arc::downcast`] recovers it.
 pub type AnyResource = Arc<dyn Any + Send + Sync>;
@@ -33,9 +34,13 @@ pub const RESOURCE_WRAPPER_TYPE_URL: &str =
     "type.googleapis.com/envoy.service.discovery.v3.Resource";
 
 /// Why a resource was rejected: it did not decode, or it decoded but is not valid.
+///
+/// A rejection by one of the built-in Envoy types' rules carries the [`Violation`], which names
+/// the field and the rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidResource {
     message: String,
+    violation: Option<Box<Violation>>,
 }
 
 /// A resource type that can be received over xDS.
@@ -121,12 +126,28 @@ impl InvalidResource {
     pub fn new(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
+            violation: None,
         }
     }
 
     /// The reason.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The rule broken and the field that breaks it, when a [`validate`] check rejected the
+    /// resource.
+    pub fn violation(&self) -> Option<&Violation> {
+        self.violation.as_deref()
+    }
+}
+
+impl From<Violation> for InvalidResource {
+    fn from(v: Violation) -> Self {
+        Self {
+            message: v.to_string(),
+            violation: Some(Box::new(v)),
+        }
     }
 }
 
@@ -201,13 +222,6 @@ fn validate_erased<T: Resource>(value: &AnyResource) -> Result<(), InvalidResour
     }
 }
 
-fn require_name(name: &str) -> Result<(), InvalidResource> {
-    if name.is_empty() {
-        return Err(InvalidResource::new("name is empty"));
-    }
-    Ok(())
-}
-
 // === impl Resource for Envoy types ===
 
 impl Resource for Listener {
@@ -220,18 +234,9 @@ impl Resource for Listener {
     fn name(&self) -> &str {
         &self.name
     }
-    /// Envoy's rule: `address` is required unless `api_listener` or `listener_specifier` is set.
+    /// [`validate::listener`]: the schema and Envoy's listener rules.
     fn validate(&self) -> Result<(), InvalidResource> {
-        require_name(&self.name)?;
-        if self.address.is_none()
-            && self.api_listener.is_none()
-            && self.listener_specifier.is_none()
-        {
-            return Err(InvalidResource::new(
-                "address is required unless api_listener or listener_specifier is set",
-            ));
-        }
-        Ok(())
+        validate::listener(self).map_err(Into::into)
     }
 }
 
@@ -244,19 +249,9 @@ impl Resource for RouteConfiguration {
     fn name(&self) -> &str {
         &self.name
     }
-    /// Envoy's rule: virtual host names are unique within a route configuration.
+    /// [`validate::route_configuration`]: the schema and Envoy's route rules.
     fn validate(&self) -> Result<(), InvalidResource> {
-        require_name(&self.name)?;
-        let mut seen = HashSet::with_capacity(self.virtual_hosts.len());
-        for vh in &self.virtual_hosts {
-            if !seen.insert(vh.name.as_str()) {
-                return Err(InvalidResource::new(format!(
-                    "duplicate virtual host name {:?}",
-                    vh.name
-                )));
-            }
-        }
-        Ok(())
+        validate::route_configuration(self).map_err(Into::into)
     }
 }
 
@@ -270,17 +265,9 @@ impl Resource for Cluster {
     fn name(&self) -> &str {
         &self.name
     }
-    /// Envoy's rule: `connect_timeout`, when set, is greater than zero.
+    /// [`validate::cluster`]: the schema and Envoy's cluster rules.
     fn validate(&self) -> Result<(), InvalidResource> {
-        require_name(&self.name)?;
-        if let Some(t) = &self.connect_timeout
-            && (t.seconds < 0 || t.nanos < 0 || (t.seconds == 0 && t.nanos == 0))
-        {
-            return Err(InvalidResource::new(
-                "connect_timeout must be greater than 0",
-            ));
-        }
-        Ok(())
+        validate::cluster(self).map_err(Into::into)
     }
 }
 
@@ -293,8 +280,9 @@ impl Resource for ClusterLoadAssignment {
     fn name(&self) -> &str {
         &self.cluster_name
     }
+    /// [`validate::cluster_load_assignment`]: the schema and what Envoy's EDS checks.
     fn validate(&self) -> Result<(), InvalidResource> {
-        require_name(&self.cluster_name)
+        validate::cluster_load_assignment(self).map_err(Into::into)
     }
 }
 
@@ -307,7 +295,8 @@ impl Resource for Secret {
     fn name(&self) -> &str {
         &self.name
     }
+    /// [`validate::secret`]: the schema (Envoy checks certificates when it uses them).
     fn validate(&self) -> Result<(), InvalidResource> {
-        require_name(&self.name)
+        validate::secret(self).map_err(Into::into)
     }
 }

@@ -8,11 +8,14 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use meshkit_xds_client::envoy::{DeltaDiscoveryResponse, DiscoveryResponse};
+use meshkit_xds_client::envoy::{DeltaDiscoveryResponse, DiscoveryResource, DiscoveryResponse};
 use meshkit_xds_client::protocol::{Mode, RemovalReason};
 use meshkit_xds_client::testing::{FakeServer, Snapshot, SnapshotExt};
 use meshkit_xds_client::{ClientConfig, LISTENER_TYPE_URL, Watch, WatchEvent, XdsClient};
+use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -354,46 +357,120 @@ async fn rewatch_in_the_same_tick_gets_the_cached_value() {
     }
 }
 
+/// Issue 15, item 2: a response for a type nobody watches is not answered (in SotW an ACK
+/// naming nothing would subscribe the client to every listener), leaves nothing behind, and
+/// shows no watcher anything; a later watch of the type starts from nothing and, in SotW,
+/// carries the nonce of that response.
 #[tokio::test]
-async fn scripted_response_for_an_unwatched_type_is_acked() {
-    let server = FakeServer::start().await.unwrap();
-    server.set_snapshot(Snapshot::new().with_resources("v1", &[cluster("a", 1)]));
+async fn scripted_response_for_an_unwatched_type_is_dropped_unanswered() {
+    let listener = Listener {
+        name: "l".into(),
+        address: Some(Default::default()),
+        ..Default::default()
+    };
+    let unsolicited = Any {
+        type_url: LISTENER_TYPE_URL.into(),
+        value: listener.encode_to_vec(),
+    };
     for mode in MODES {
+        let server = FakeServer::start().await.unwrap();
+        server.set_snapshot(Snapshot::new().with_resources("v1", &[cluster("a", 1)]));
         let client = client(&server, mode);
         let mut a = client.watch::<Cluster>("a");
         expect_updated(&mut a).await;
         match mode {
-            Mode::StateOfTheWorld => {
-                server.send_sotw(DiscoveryResponse {
-                    version_info: "l1".into(),
-                    type_url: LISTENER_TYPE_URL.into(),
-                    nonce: "scripted-sotw".into(),
+            Mode::StateOfTheWorld => server.send_sotw(DiscoveryResponse {
+                version_info: "l1".into(),
+                resources: vec![unsolicited.clone()],
+                type_url: LISTENER_TYPE_URL.into(),
+                nonce: "unsolicited".into(),
+                ..Default::default()
+            }),
+            Mode::Delta => server.send_delta(DeltaDiscoveryResponse {
+                resources: vec![DiscoveryResource {
+                    name: "l".into(),
+                    version: "1".into(),
+                    resource: Some(unsolicited.clone()),
                     ..Default::default()
-                });
+                }],
+                type_url: LISTENER_TYPE_URL.into(),
+                nonce: "unsolicited".into(),
+                ..Default::default()
+            }),
+        }
+        // The stream is ordered: once the next cluster response is ACKed, the unsolicited one
+        // was read before it.
+        server.set_snapshot(Snapshot::new().with_resources("v2", &[cluster("a", 2)]));
+        assert_eq!(
+            expect_updated(&mut a)
+                .await
+                .connect_timeout
+                .unwrap()
+                .seconds,
+            2
+        );
+        let cds = meshkit_xds_client::CLUSTER_TYPE_URL;
+        match mode {
+            Mode::StateOfTheWorld => {
+                server
+                    .wait_sotw(|r| {
+                        r.iter()
+                            .any(|r| r.type_url == cds && r.version_info == "v2")
+                    })
+                    .await;
+                let lds: Vec<_> = server
+                    .sotw_requests()
+                    .into_iter()
+                    .filter(|r| r.type_url == LISTENER_TYPE_URL)
+                    .collect();
+                assert!(lds.is_empty(), "answered the unwatched type: {lds:?}");
+            }
+            Mode::Delta => {
+                server
+                    .wait_delta(|r| {
+                        r.iter()
+                            .filter(|r| r.type_url == cds && !r.response_nonce.is_empty())
+                            .count()
+                            >= 2
+                    })
+                    .await;
+                let lds: Vec<_> = server
+                    .delta_requests()
+                    .into_iter()
+                    .filter(|r| r.type_url == LISTENER_TYPE_URL)
+                    .collect();
+                assert!(lds.is_empty(), "answered the unwatched type: {lds:?}");
+            }
+        }
+        // Nothing was kept: a new watch of the listener gets nothing (the server has none).
+        let mut l = client.watch::<Listener>("l");
+        match mode {
+            Mode::StateOfTheWorld => {
                 server
                     .wait_sotw(|r| {
                         r.iter().any(|r| {
-                            r.response_nonce == "scripted-sotw"
-                                && r.type_url == LISTENER_TYPE_URL
-                                && r.error_detail.is_none()
+                            r.type_url == LISTENER_TYPE_URL
+                                && r.resource_names == ["l"]
+                                && r.response_nonce == "unsolicited"
+                                && r.version_info.is_empty()
                         })
                     })
                     .await;
             }
             Mode::Delta => {
-                server.send_delta(DeltaDiscoveryResponse {
-                    type_url: LISTENER_TYPE_URL.into(),
-                    nonce: "scripted-delta".into(),
-                    ..Default::default()
-                });
                 server
                     .wait_delta(|r| {
                         r.iter().any(|r| {
-                            r.response_nonce == "scripted-delta" && r.error_detail.is_none()
+                            r.type_url == LISTENER_TYPE_URL
+                                && r.resource_names_subscribe == ["l"]
+                                && r.initial_resource_versions.is_empty()
                         })
                     })
                     .await;
             }
+        }
+        if let Ok(ev) = tokio::time::timeout(Duration::from_millis(300), l.next()).await {
+            panic!("{mode:?}: the unsolicited listener surfaced: {ev:?}");
         }
     }
 }
@@ -502,4 +579,31 @@ async fn dropping_the_last_watch_unsubscribes() {
                 .any(|r| r.resource_names_unsubscribe == ["a"] && r.response_nonce.is_empty())
         })
         .await;
+}
+
+/// Issue 15, item 4, end to end: `ignore_resource_deletion` reaches the session. A cluster the
+/// server's State-of-the-World response leaves out stays, and watchers hear nothing of it.
+#[tokio::test]
+async fn ignore_resource_deletion_keeps_a_cluster_the_server_leaves_out() {
+    let server = FakeServer::start().await.unwrap();
+    server.set_snapshot(Snapshot::new().with_resources("v1", &[cluster("a", 1), cluster("b", 1)]));
+    let (client, driver) =
+        XdsClient::new(config(&server, Mode::StateOfTheWorld).ignore_resource_deletion(true));
+    tokio::spawn(driver.run());
+    let mut a = client.watch::<Cluster>("a");
+    let mut b = client.watch::<Cluster>("b");
+    expect_updated(&mut a).await;
+    expect_updated(&mut b).await;
+    server.set_snapshot(Snapshot::new().with_resources("v2", &[cluster("a", 2)]));
+    assert_eq!(
+        expect_updated(&mut a)
+            .await
+            .connect_timeout
+            .unwrap()
+            .seconds,
+        2
+    );
+    quiet(&mut b, Duration::from_millis(300)).await;
+    let mut late = client.watch::<Cluster>("b");
+    assert_eq!(expect_updated(&mut late).await.name, "b", "still cached");
 }

@@ -1,6 +1,7 @@
 //! Issue 12, item 14: what a server can make the client hold is bounded. Resources per type,
 //! cached bytes and type URLs each have a limit with a documented default; a response beyond
-//! one is NACKed with an error detail that names it, and never panics.
+//! one is NACKed with an error detail that names it, and never panics. A response for a type
+//! nobody watches is not answered at all (issue 15), and what it leaves is bounded too.
 
 use std::time::Instant;
 
@@ -218,26 +219,26 @@ fn cached_bytes_are_released_when_resources_go() {
 }
 
 #[test]
-fn default_limit_on_type_urls_nacks_new_ones_without_keeping_state() {
+fn unwatched_type_urls_are_dropped_and_at_most_32_keep_a_nonce() {
     let (mut s, now) = wildcard_session(SessionConfig::new(Mode::StateOfTheWorld));
-    let mut nacked = 0;
     for i in 0..40 {
         let url = format!("type.googleapis.com/unknown.T{i}");
-        sotw(&mut s, now, &url, "v1", &format!("n{i}"), vec![]);
-        let (nonce, error) = answer(&mut s, now);
-        assert_eq!(
-            nonce,
-            format!("n{i}"),
-            "every response is answered with its nonce"
+        sotw(
+            &mut s,
+            now,
+            &url,
+            "v1",
+            &format!("n{i}"),
+            vec![cluster_any("x")],
         );
-        if let Some(e) = error {
-            assert!(e.contains("32 type URLs"), "{e}");
-            nacked += 1;
-        }
+        assert!(
+            s.poll_request(now).is_none(),
+            "a response for a type nobody watches is not answered"
+        );
     }
-    // Cluster is one of the 32; 31 unwatched ones are kept, the other 9 are refused.
-    assert_eq!(nacked, 9);
+    // Cluster is one of the 32; 31 unwatched ones keep their nonce, the other 9 nothing.
     assert!(format!("{s:?}").contains("types: 32"), "{s:?}");
+    assert_eq!(s.cached_len(), 0);
     // The watched type still works.
     sotw(&mut s, now, CDS, "v1", "c1", vec![cluster_any("a")]);
     assert_eq!(answer(&mut s, now).1, None);
@@ -246,19 +247,28 @@ fn default_limit_on_type_urls_nacks_new_ones_without_keeping_state() {
 
 #[test]
 fn a_huge_unwatched_type_url_or_nonce_is_not_kept() {
-    let (mut s, now) = wildcard_session(SessionConfig::new(Mode::Delta));
-    let url = format!("type.googleapis.com/{}", "x".repeat(4096));
-    s.handle_response(
-        now,
-        Response::Delta(DeltaDiscoveryResponse {
-            type_url: url,
-            nonce: "n".repeat(1 << 20),
-            ..Default::default()
-        }),
-    );
-    let (nonce, _) = answer(&mut s, now);
-    assert_eq!(nonce.len(), 1 << 20, "answered with its nonce");
-    assert!(format!("{s:?}").contains("types: 1"), "{s:?}");
+    for mode in [Mode::StateOfTheWorld, Mode::Delta] {
+        let (mut s, now) = wildcard_session(SessionConfig::new(mode));
+        let url = format!("type.googleapis.com/{}", "x".repeat(4096));
+        let short = "type.googleapis.com/unknown.T".to_owned();
+        for (url, nonce) in [(url, "n".to_owned()), (short, "n".repeat(1 << 20))] {
+            let response = match mode {
+                Mode::StateOfTheWorld => Response::Sotw(DiscoveryResponse {
+                    type_url: url,
+                    nonce,
+                    ..Default::default()
+                }),
+                Mode::Delta => Response::Delta(DeltaDiscoveryResponse {
+                    type_url: url,
+                    nonce,
+                    ..Default::default()
+                }),
+            };
+            s.handle_response(now, response);
+            assert!(s.poll_request(now).is_none(), "{mode:?}: not answered");
+        }
+        assert!(format!("{s:?}").contains("types: 1"), "{mode:?}: {s:?}");
+    }
 }
 
 #[test]

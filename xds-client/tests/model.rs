@@ -6,9 +6,13 @@
 //! The model is written from the rules of `docs/xds.md`, not from the core's code: a
 //! subscription change takes effect when the next request is sent (while connected); a named
 //! resource not received within 15 s of a connected stream does not exist; a rejected resource
-//! keeps its last good value and never "does not exist"; SotW leaves out a Cluster to delete it;
+//! keeps its last good value and never "does not exist"; SotW leaves out a Cluster to delete it
+//! (one it never sent is left to the timer: the response may predate the subscription);
 //! Delta deletes only what it lists in `removed_resources`; a name repeated in one response is
-//! rejected; a lost stream changes nothing a watcher sees.
+//! rejected; a lost stream changes nothing a watcher sees; a response for a type nobody watches
+//! is not answered (State of the World still remembers its nonce). A third run turns on
+//! `ignore_resource_deletion` (gRFC A53): SotW absence then keeps a cached resource, marks and
+//! counts it once, and a name never received still does not exist when its timer fires.
 //!
 //! "No does-not-exist while disconnected" holds for both variants: the timer stops with the
 //! stream, and a SotW absence is only ever read from a response, which needs a stream.
@@ -31,7 +35,7 @@ use prost::Message;
 const NAMES: [&str; 4] = ["a", "b", "c", "d"];
 const DOES_NOT_EXIST_AFTER: u64 = 15;
 
-const INVALID: &str = "connect_timeout must be greater than 0";
+const INVALID: &str = "connect_timeout: must be > 0s [duration.gt]";
 const REPEATED: &str = "name appears more than once in the response";
 const UNNAMED: &str = "resource has an empty name";
 
@@ -180,6 +184,8 @@ struct Entry {
     absent: bool,
     /// When it is declared non-existent, in seconds since the start.
     does_not_exist_at: Option<u64>,
+    /// SotW left it out and the deletion was ignored; cleared when it is sent again.
+    deletion_ignored: bool,
 }
 
 /// How the model expects a response to be answered.
@@ -191,6 +197,10 @@ struct Answer {
 
 struct Model {
     mode: Mode,
+    /// `SessionConfig::ignore_resource_deletion`.
+    ignore_deletions: bool,
+    /// Deletions ignored so far.
+    ignored: u64,
     connected: bool,
     wildcard: bool,
     named: BTreeSet<&'static str>,
@@ -208,8 +218,14 @@ struct Model {
 
 impl Model {
     fn new(mode: Mode) -> Self {
+        Self::with(mode, false)
+    }
+
+    fn with(mode: Mode, ignore_deletions: bool) -> Self {
         Self {
             mode,
+            ignore_deletions,
+            ignored: 0,
             connected: false,
             wildcard: false,
             named: BTreeSet::new(),
@@ -324,6 +340,7 @@ impl Model {
         let had = e.cached.take().is_some();
         let was_absent = std::mem::replace(&mut e.absent, true);
         e.rejected = false;
+        e.deletion_ignored = false;
         if !named {
             self.entries.remove(name);
         }
@@ -340,15 +357,19 @@ impl Model {
         });
     }
 
-    fn respond(&mut self, n: u32, resources: &[(usize, Body)], removed: &[usize]) -> Answer {
+    /// `None`: the response is dropped unanswered (nobody watches the type).
+    fn respond(
+        &mut self,
+        n: u32,
+        resources: &[(usize, Body)],
+        removed: &[usize],
+    ) -> Option<Answer> {
         let sotw_version = format!("v{n}");
         let delta_version = n.to_string();
+        // SotW keeps even an unwatched type's nonce, for its later subscription request.
         self.nonce = format!("n{n}");
         if !self.watching() {
-            return Answer {
-                nack: false,
-                version: sotw_version,
-            };
+            return None;
         }
         // Step one and two: the valid ones, and the rejections (name or none, reason).
         let mut valid: Vec<(&'static str, i64)> = Vec::new();
@@ -398,15 +419,18 @@ impl Model {
             let gone: Vec<&'static str> = self
                 .entries
                 .iter()
-                .filter(|(n, e)| {
-                    !present.contains(*n)
-                        && self.covered(n)
-                        && (e.cached.is_some() || (!e.absent && !e.rejected))
-                })
+                .filter(|(n, e)| !present.contains(*n) && self.covered(n) && e.cached.is_some())
                 .map(|(n, _)| *n)
                 .collect();
             for n in gone {
-                self.remove(n);
+                match self.entries.get_mut(n) {
+                    Some(e) if self.ignore_deletions && e.cached.is_some() => {
+                        if !std::mem::replace(&mut e.deletion_ignored, true) {
+                            self.ignored += 1;
+                        }
+                    }
+                    _ => self.remove(n),
+                }
             }
         }
         for (name, content) in valid {
@@ -421,6 +445,7 @@ impl Model {
             e.does_not_exist_at = None;
             e.absent = false;
             e.rejected = false;
+            e.deletion_ignored = false;
             let unchanged = e.cached.as_ref().is_some_and(|(c, _)| *c == content);
             e.cached = Some((content, version.clone()));
             if !unchanged {
@@ -439,6 +464,7 @@ impl Model {
                 let e = self.entries.entry(name).or_default();
                 e.does_not_exist_at = None;
                 e.rejected = true;
+                e.deletion_ignored = false;
             }
             self.events.push(Seen::Rejected {
                 name: name.map(str::to_owned),
@@ -454,14 +480,14 @@ impl Model {
         if !nack {
             self.accepted.clone_from(&sotw_version);
         }
-        Answer {
+        Some(Answer {
             nack,
             version: if nack {
                 self.accepted.clone()
             } else {
                 sotw_version
             },
-        }
+        })
     }
 
     /// SotW `resource_names`: `*` first when wildcard, then the names.
@@ -508,14 +534,15 @@ fn response(mode: Mode, n: u32, resources: &[(usize, Body)], removed: &[usize]) 
     }
 }
 
-fn run(mode: Mode, ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn run(mode: Mode, ignore_deletions: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let kind = ResourceType::of::<Cluster>();
-    let mut s = Session::new(SessionConfig::new(mode));
-    let mut m = Model::new(mode);
+    let mut s = Session::new(SessionConfig::new(mode).ignore_resource_deletion(ignore_deletions));
+    let mut m = Model::with(mode, ignore_deletions);
     let start = Instant::now();
     let mut n = 0u32;
     for (step, op) in ops.into_iter().enumerate() {
         let mut answer = None;
+        let mut responded = false;
         let mut initial = HashMap::new();
         match &op {
             Op::Subscribe(Some(i)) => {
@@ -551,7 +578,8 @@ fn run(mode: Mode, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         start + Duration::from_secs(m.now),
                         response(mode, n, resources, removed),
                     );
-                    answer = Some(m.respond(n, resources, removed));
+                    answer = m.respond(n, resources, removed);
+                    responded = true;
                 }
             }
             Op::Advance(secs) => {
@@ -589,6 +617,12 @@ fn run(mode: Mode, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 None => prop_assert!(false, "{}: response not answered", at),
             }
             prop_assert!(requests.next().is_none(), "{}: more than the answer", at);
+        } else if responded {
+            prop_assert!(
+                requests.len() == 0,
+                "{}: a response nobody watches was answered",
+                at
+            );
         }
         for request in requests {
             match request {
@@ -651,7 +685,20 @@ fn run(mode: Mode, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 at,
                 name
             );
+            prop_assert_eq!(
+                s.is_deletion_ignored(CLUSTER_TYPE_URL, name),
+                e.is_some_and(|e| e.deletion_ignored),
+                "{}: {} deletion ignored",
+                at,
+                name
+            );
         }
+        prop_assert_eq!(
+            s.ignored_deletions(),
+            m.ignored,
+            "{}: deletions ignored",
+            at
+        );
         let deadline = m
             .entries
             .values()
@@ -668,12 +715,17 @@ proptest! {
 
     #[test]
     fn sotw_matches_the_model(ops in proptest::collection::vec(op(), 0..40)) {
-        run(Mode::StateOfTheWorld, ops)?;
+        run(Mode::StateOfTheWorld, false, ops)?;
+    }
+
+    #[test]
+    fn sotw_ignoring_deletions_matches_the_model(ops in proptest::collection::vec(op(), 0..40)) {
+        run(Mode::StateOfTheWorld, true, ops)?;
     }
 
     #[test]
     fn delta_matches_the_model(ops in proptest::collection::vec(op(), 0..40)) {
-        run(Mode::Delta, ops)?;
+        run(Mode::Delta, false, ops)?;
     }
 }
 
@@ -720,4 +772,39 @@ fn the_model_deletes_by_absence_in_sotw_and_by_removal_in_delta() {
             "{mode:?}"
         );
     }
+}
+
+/// The model's issue-15 rules on a fixed story: an unwatched type's response gets no answer;
+/// with `ignore_resource_deletion` a SotW absence keeps what was cached (counted once) and
+/// leaves a name never received to its timer.
+#[test]
+fn the_model_drops_unwatched_responses_and_ignores_deletions_when_asked() {
+    let mut m = Model::with(Mode::StateOfTheWorld, true);
+    m.connect();
+    assert!(m.respond(1, &[(0, Body::Valid(1))], &[]).is_none());
+    assert!(m.events.is_empty() && m.entries.is_empty());
+    m.subscribe(Some("a"));
+    m.subscribe(Some("b"));
+    m.send_changes();
+    assert!(m.respond(2, &[(0, Body::Valid(1))], &[]).is_some());
+    assert!(
+        !m.events.iter().any(|e| matches!(e, Seen::Removed { .. })),
+        "a name never received is not declared absent by a response: {:?}",
+        m.events
+    );
+    m.events.clear();
+    m.respond(3, &[], &[]);
+    m.respond(4, &[], &[]);
+    assert!(m.events.is_empty(), "the deletion of \"a\" is ignored");
+    m.advance(DOES_NOT_EXIST_AFTER);
+    assert_eq!(
+        m.events,
+        [Seen::Removed {
+            name: "b".into(),
+            reason: Gone::DoesNotExist
+        }],
+        "the timer decides"
+    );
+    assert!(m.entries["a"].cached.is_some() && m.entries["a"].deletion_ignored);
+    assert_eq!(m.ignored, 1);
 }

@@ -35,12 +35,16 @@ struct H {
 
 impl H {
     fn new(mode: Mode) -> Self {
+        Self::with_config(SessionConfig::new(mode))
+    }
+
+    fn with_config(config: SessionConfig) -> Self {
         let node = Node {
             id: "test-node".into(),
             ..Default::default()
         };
         Self {
-            s: Session::new(SessionConfig::new(mode).node(node)),
+            s: Session::new(config.node(node)),
             now: Instant::now(),
         }
     }
@@ -143,7 +147,7 @@ fn bad_cluster(name: &str) -> Cluster {
 fn listener(name: &str) -> Listener {
     Listener {
         name: name.into(),
-        address: Some(Default::default()),
+        api_listener: Some(Default::default()),
         ..Default::default()
     }
 }
@@ -442,6 +446,48 @@ fn rule4_sotw_missing_listener_or_cluster_is_deleted() {
     }
 }
 
+/// A SotW response may answer a request sent before a name was subscribed: a Listener or
+/// Cluster it leaves out that was never received is left to the does-not-exist timer, as gRPC
+/// does, instead of being declared non-existent by the response (xds-watch --follow subscribing
+/// clusters one by one saw them "removed" and then updated).
+#[test]
+fn rule4_sotw_absence_of_a_name_never_received_is_left_to_the_timer() {
+    let mut h = H::new(SOTW);
+    h.s.subscribe(cds(), "a");
+    h.connect();
+    assert_eq!(h.sotw_requests()[0].resource_names, ["a"]);
+    // "b" is asked for just after; the server answers the first request.
+    h.s.subscribe(cds(), "b");
+    assert_eq!(h.sotw_requests()[0].resource_names, ["a", "b"]);
+    h.sotw(CDS, "v1", "n1", vec![any(&cluster("a"))]);
+    h.requests();
+    let events = h.events();
+    assert_eq!(updated(&events), ["a"]);
+    assert!(removed(&events).is_empty(), "{events:?}");
+    assert!(!h.s.is_absent(CDS, "b"));
+    // The answer to the second request brings it.
+    h.sotw(
+        CDS,
+        "v2",
+        "n2",
+        vec![any(&cluster("a")), any(&cluster("b"))],
+    );
+    assert_eq!(updated(&h.events()), ["b"]);
+    // A name the server never sends does not exist 15 s after it was asked for.
+    h.s.subscribe(cds(), "c");
+    h.requests();
+    h.sotw(
+        CDS,
+        "v3",
+        "n3",
+        vec![any(&cluster("a")), any(&cluster("b"))],
+    );
+    h.requests();
+    assert!(h.events().is_empty());
+    h.advance(Duration::from_secs(15));
+    assert_eq!(removed(&h.events()), [("c", RemovalReason::DoesNotExist)]);
+}
+
 #[test]
 fn rule4_sotw_missing_route_or_endpoints_is_kept() {
     for (kind, url, a, b) in [
@@ -700,37 +746,48 @@ fn rule8_unsubscribe_alone_drops_the_resource_when_sent() {
     assert!(!h.has_cluster("a"));
 }
 
-// === rule 9: responses for unwatched types ===
+// === rule 9: responses for unwatched types are dropped ===
 
 #[test]
-fn rule9_unwatched_type_is_answered_and_a_later_watch_works() {
+fn rule9_unwatched_type_is_dropped_and_a_later_watch_works() {
     for mode in [SOTW, DELTA] {
         let mut h = H::new(mode);
+        // Something else is watched, so the stream is up and the node was sent.
+        h.s.subscribe(ResourceType::of::<Listener>(), "l");
         h.connect();
+        assert_eq!(h.requests().len(), 1);
         match mode {
             SOTW => h.sotw(CDS, "v1", "n1", vec![any(&cluster("a"))]),
             DELTA => h.delta(CDS, "n1", vec![delta_res(&cluster("a"), "1")], &[]),
         }
-        match h.requests().as_slice() {
-            [Request::Sotw(r)] => {
-                assert_eq!(r.response_nonce, "n1");
-                assert!(r.error_detail.is_none());
-            }
-            [Request::Delta(r)] => {
-                assert_eq!(r.response_nonce, "n1");
-                assert!(r.error_detail.is_none());
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(h.events().is_empty());
+        // No ACK: in SotW an ACK naming nothing is a wildcard subscription to every cluster.
+        assert!(
+            h.requests().is_empty(),
+            "{mode:?}: answered an unwatched type"
+        );
+        assert!(h.events().is_empty(), "{mode:?}");
+        assert!(
+            !h.has_cluster("a"),
+            "{mode:?}: kept a resource nobody asked for"
+        );
+        assert_eq!(h.s.version(CDS).unwrap_or_default(), "", "{mode:?}");
         h.s.subscribe(cds(), "a");
         match h.requests().as_slice() {
             [Request::Sotw(r)] => {
                 assert_eq!(r.resource_names, ["a"]);
                 assert_eq!(r.version_info, "", "we never accepted a version of it");
-                assert_eq!(r.response_nonce, "n1", "its nonce was kept");
+                assert_eq!(
+                    r.response_nonce, "n1",
+                    "the nonce of the type's last response on this stream"
+                );
             }
-            [Request::Delta(r)] => assert_eq!(r.resource_names_subscribe, ["a"]),
+            [Request::Delta(r)] => {
+                assert_eq!(r.resource_names_subscribe, ["a"]);
+                assert!(
+                    r.response_nonce.is_empty(),
+                    "a subscription carries no nonce"
+                );
+            }
             other => panic!("{other:?}"),
         }
         match mode {
@@ -738,7 +795,125 @@ fn rule9_unwatched_type_is_answered_and_a_later_watch_works() {
             DELTA => h.delta(CDS, "n2", vec![delta_res(&cluster("a"), "1")], &[]),
         }
         assert_eq!(updated(&h.events()), ["a"], "{mode:?}");
+        assert_eq!(
+            h.requests().len(),
+            1,
+            "{mode:?}: the watched type is answered"
+        );
     }
+}
+
+#[test]
+fn rule9_a_type_no_longer_watched_is_dropped_on_this_stream_and_the_next() {
+    for mode in [SOTW, DELTA] {
+        let mut h = H::new(mode);
+        h.s.subscribe(cds(), "a");
+        h.connect();
+        h.requests();
+        match mode {
+            SOTW => h.sotw(CDS, "v1", "n1", vec![any(&cluster("a"))]),
+            DELTA => h.delta(CDS, "n1", vec![delta_res(&cluster("a"), "1")], &[]),
+        }
+        assert_eq!(h.requests().len(), 1);
+        h.events();
+        h.s.unsubscribe(CDS, "a");
+        assert_eq!(h.requests().len(), 1, "the unsubscription");
+        for nonce in ["n2", "n3"] {
+            match mode {
+                SOTW => h.sotw(CDS, "v2", nonce, vec![any(&cluster("a"))]),
+                DELTA => h.delta(CDS, nonce, vec![delta_res(&cluster("a"), "2")], &[]),
+            }
+            assert!(h.requests().is_empty(), "{mode:?} {nonce}: answered");
+            assert!(h.events().is_empty(), "{mode:?} {nonce}");
+            assert!(!h.has_cluster("a"), "{mode:?} {nonce}");
+            // On a new stream a SotW ACK would be the type's first request: a wildcard.
+            h.s.on_disconnected();
+            h.connect();
+            assert!(h.requests().is_empty(), "{mode:?}: nothing to subscribe to");
+        }
+    }
+}
+
+// === gRFC A53: ignoring SotW deletions of Listeners and Clusters ===
+
+#[test]
+fn a53_sotw_deletion_ignored_keeps_the_resource_reports_it_once_and_clears_on_return() {
+    let lds = ResourceType::of::<Listener>();
+    for (kind, any_of) in [
+        (cds(), (|n: &str| any(&cluster(n))) as fn(&str) -> Any),
+        (lds, |n: &str| any(&listener(n))),
+    ] {
+        let url = kind.type_url();
+        let mut h = H::with_config(SessionConfig::new(SOTW).ignore_resource_deletion(true));
+        h.s.subscribe(kind, "a");
+        h.s.subscribe(kind, "b");
+        h.s.subscribe(kind, "never");
+        h.connect();
+        h.requests();
+        h.sotw(url, "v1", "n1", vec![any_of("a"), any_of("b")]);
+        h.requests();
+        assert_eq!(updated(&h.events()), ["a", "b"]);
+        // "b" left out: kept, no event, counted once however many responses leave it out.
+        for (v, n) in [("v2", "n2"), ("v3", "n3")] {
+            h.sotw(url, v, n, vec![any_of("a")]);
+            let acks = h.sotw_requests();
+            assert!(acks[0].error_detail.is_none(), "{url}: ACKed, {acks:?}");
+            let events = h.events();
+            assert!(removed(&events).is_empty(), "{url}: {events:?}");
+            assert!(h.s.resource(url, "b").is_some(), "{url}: b kept");
+            assert!(h.s.is_deletion_ignored(url, "b"), "{url}");
+            assert_eq!(h.s.ignored_deletions(), 1, "{url}");
+        }
+        // A subscribed name never received still does not exist, by its timer: only
+        // deletions are ignored.
+        h.advance(Duration::from_secs(15));
+        assert_eq!(
+            removed(&h.events()),
+            [("never", RemovalReason::DoesNotExist)],
+            "{url}"
+        );
+        // "b" comes back unchanged: the mark clears, nothing to notify.
+        h.sotw(url, "v4", "n4", vec![any_of("a"), any_of("b")]);
+        h.requests();
+        assert!(h.events().is_empty(), "{url}");
+        assert!(!h.s.is_deletion_ignored(url, "b"), "{url}");
+        // Left out again: counted again.
+        h.sotw(url, "v5", "n5", vec![any_of("a")]);
+        h.requests();
+        assert!(h.events().is_empty(), "{url}");
+        assert_eq!(h.s.ignored_deletions(), 2, "{url}");
+        // Unsubscribing ends it: the entry goes with the request.
+        h.s.unsubscribe(url, "b");
+        h.requests();
+        assert!(!h.s.is_deletion_ignored(url, "b"));
+        assert!(h.s.resource(url, "b").is_none());
+    }
+}
+
+#[test]
+fn a53_option_off_deletes_and_delta_removals_always_delete() {
+    let mut h = sotw_ab();
+    h.sotw(
+        CDS,
+        "v1",
+        "n1",
+        vec![any(&cluster("a")), any(&cluster("b"))],
+    );
+    h.requests();
+    h.events();
+    h.sotw(CDS, "v2", "n2", vec![any(&cluster("a"))]);
+    assert_eq!(removed(&h.events()), [("b", RemovalReason::Deleted)]);
+    assert_eq!(h.s.ignored_deletions(), 0);
+
+    let mut h = H::with_config(SessionConfig::new(DELTA).ignore_resource_deletion(true));
+    h.s.subscribe(cds(), "a");
+    h.connect();
+    h.requests();
+    h.delta(CDS, "n1", vec![delta_res(&cluster("a"), "1")], &[]);
+    h.events();
+    h.delta(CDS, "n2", vec![], &["a"]);
+    assert_eq!(removed(&h.events()), [("a", RemovalReason::Deleted)]);
+    assert_eq!(h.s.ignored_deletions(), 0);
 }
 
 // === rule 10: explicit wildcard; empty after names means nothing ===

@@ -9,6 +9,9 @@
 //! deadline ([`Session::poll_timeout`]). The caller owns the socket and the clock, so every rule
 //! of the protocol is tested with a scripted server and a simulated clock.
 //!
+//! [`Failover`] is the same for the choice of server when several are configured (gRFC A71):
+//! which to dial, when, and when a higher-priority one that answers again takes over.
+//!
 //! ```
 //! use std::time::{Duration, Instant};
 //! use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -26,14 +29,17 @@
 //! ```
 
 mod decode;
+mod failover;
 mod session;
 
+pub use failover::Failover;
 pub use session::{Event, Mode, RemovalReason, Request, Response, Session, SessionConfig};
 
 /// For fuzzing: decodes `bytes` as a response of `mode`, feeds it to a connected session
 /// watching every cluster and one by name, then fires every timer. Returns whether the response
-/// got exactly one answer (true as well when the bytes are not a response at all). Must never
-/// panic, whatever the bytes.
+/// got the answers it must: exactly one for a cluster response, none for a type nobody watches
+/// (true as well when the bytes are not a response at all). Must never panic, whatever the
+/// bytes.
 #[doc(hidden)]
 pub fn fuzz_response(mode: Mode, bytes: &[u8]) -> bool {
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -42,12 +48,18 @@ pub fn fuzz_response(mode: Mode, bytes: &[u8]) -> bool {
     };
     use prost::Message;
 
+    use crate::Resource;
+
     let response = match mode {
         Mode::StateOfTheWorld => DiscoveryResponse::decode(bytes).map(Response::Sotw),
         Mode::Delta => DeltaDiscoveryResponse::decode(bytes).map(Response::Delta),
     };
     let Ok(response) = response else {
         return true;
+    };
+    let watched = match &response {
+        Response::Sotw(r) => r.type_url == Cluster::TYPE_URL,
+        Response::Delta(r) => r.type_url == Cluster::TYPE_URL,
     };
     let kind = crate::ResourceType::of::<Cluster>();
     let mut session = Session::new(SessionConfig::new(mode));
@@ -62,5 +74,5 @@ pub fn fuzz_response(mode: Mode, bytes: &[u8]) -> bool {
     while let Some(t) = session.poll_timeout() {
         session.handle_timeout(t);
     }
-    answers == 1
+    answers == usize::from(watched)
 }

@@ -38,6 +38,7 @@ pub struct SessionConfig {
     max_resources_per_type: usize,
     max_cached_bytes: usize,
     max_type_urls: usize,
+    ignore_resource_deletion: bool,
 }
 
 /// A request for the caller to send on the current stream.
@@ -115,6 +116,8 @@ pub struct Session {
     dirty: VecDeque<String>,
     events: VecDeque<Event>,
     timers: BTreeSet<Timer>,
+    /// How many times a SotW deletion was ignored ([`SessionConfig::ignore_resource_deletion`]).
+    ignored_deletions: u64,
 }
 
 /// Per type URL state.
@@ -154,6 +157,8 @@ struct Entry {
     /// Already reported as non-existent or deleted.
     absent: bool,
     dne_deadline: Option<Instant>,
+    /// SotW left it out and [`SessionConfig::ignore_resource_deletion`] kept it (gRFC A53's bit).
+    deletion_ignored: bool,
     ttl_deadline: Option<Instant>,
 }
 
@@ -207,6 +212,7 @@ impl SessionConfig {
             max_resources_per_type: 100_000,
             max_cached_bytes: 256 << 20,
             max_type_urls: 32,
+            ignore_resource_deletion: false,
         }
     }
 
@@ -241,6 +247,19 @@ impl SessionConfig {
     /// type URL are at most 1 KiB each.
     pub fn max_type_urls(mut self, max: usize) -> Self {
         self.max_type_urls = max;
+        self
+    }
+
+    /// State of the World: keep a Listener or Cluster that a response leaves out instead of
+    /// deleting it (default false), as gRPC's `ignore_resource_deletion` server feature does
+    /// (gRFC A53), for a control plane that may drop resources by mistake. The resource keeps
+    /// serving its last version and watchers are told nothing; the client logs it at `warn`
+    /// once (and at `info` when the server sends the resource again or it is unsubscribed),
+    /// counts it ([`Session::ignored_deletions`]) and marks it
+    /// ([`Session::is_deletion_ignored`]). A subscribed name never received is still reported
+    /// as non-existent when its timer fires, and Delta's explicit removals still delete.
+    pub fn ignore_resource_deletion(mut self, ignore: bool) -> Self {
+        self.ignore_resource_deletion = ignore;
         self
     }
 
@@ -336,6 +355,7 @@ impl Session {
             dirty: VecDeque::new(),
             events: VecDeque::new(),
             timers: BTreeSet::new(),
+            ignored_deletions: 0,
         }
     }
 
@@ -429,6 +449,22 @@ impl Session {
             .filter_map(|(n, e)| e.cached.as_ref().map(|c| (n.as_str(), &c.value)))
     }
 
+    /// Whether a cached resource was left out of a State-of-the-World response and kept, as
+    /// [`SessionConfig::ignore_resource_deletion`] asks, and not sent again since.
+    pub fn is_deletion_ignored(&self, type_url: &str, name: &str) -> bool {
+        self.types
+            .get(type_url)
+            .and_then(|ts| ts.entries.get(name))
+            .is_some_and(|e| e.deletion_ignored)
+    }
+
+    /// How many times a resource left out of a State-of-the-World response was kept instead of
+    /// deleted ([`SessionConfig::ignore_resource_deletion`]); a resource counts again only after
+    /// it was sent again and then left out again.
+    pub fn ignored_deletions(&self) -> u64 {
+        self.ignored_deletions
+    }
+
     /// Whether a named resource has been reported as non-existent (or deleted) and not seen
     /// since.
     pub fn is_absent(&self, type_url: &str, name: &str) -> bool {
@@ -509,16 +545,6 @@ impl Session {
         let mut req = None;
         if let Some(ack) = self.acks.pop_front() {
             req = match self.config.mode {
-                Mode::StateOfTheWorld if !self.types.contains_key(&ack.type_url) => {
-                    // A type refused state: the answer carries no subscription.
-                    Some(Request::Sotw(DiscoveryRequest {
-                        version_info: ack.version,
-                        type_url: ack.type_url,
-                        response_nonce: ack.nonce,
-                        error_detail: ack.error.map(nack_status),
-                        ..Default::default()
-                    }))
-                }
                 Mode::StateOfTheWorld => {
                     let url = ack.type_url.clone();
                     self.build_sotw(&url, now, Some(ack)).map(Request::Sotw)
@@ -554,6 +580,61 @@ impl Session {
             }
         }
         Some(req)
+    }
+
+    /// The requests a new stream would open with, built from the subscriptions and the cache
+    /// as they are now, without changing anything: every subscribed type (SotW: its names and
+    /// last accepted version, no nonce; Delta: its names and the `initial_resource_versions`
+    /// of what is cached), the node on the first. A client probing a higher-priority server
+    /// while a fallback serves ([`Failover`](super::Failover)) sends these on the probe's
+    /// stream, so that the server has something to answer; the session itself is resubscribed
+    /// by [`on_connected`](Self::on_connected) once the client switches.
+    pub fn initial_requests(&self) -> Vec<Request> {
+        let mut urls: Vec<&String> = self
+            .types
+            .iter()
+            .filter(|(_, ts)| ts.kind.is_some() && (ts.wildcard || !ts.names.is_empty()))
+            .map(|(url, _)| url)
+            .collect();
+        urls.sort();
+        let mut out = Vec::with_capacity(urls.len());
+        for url in urls {
+            let ts = &self.types[url];
+            let mut names = Vec::with_capacity(ts.names.len() + 1);
+            if ts.wildcard {
+                names.push(WILDCARD.to_owned());
+            }
+            names.extend(ts.names.iter().cloned());
+            let node = if out.is_empty() {
+                self.config.node.clone()
+            } else {
+                None
+            };
+            out.push(match self.config.mode {
+                Mode::StateOfTheWorld => Request::Sotw(DiscoveryRequest {
+                    version_info: ts.version.clone(),
+                    node,
+                    resource_names: names,
+                    type_url: url.clone(),
+                    ..Default::default()
+                }),
+                Mode::Delta => Request::Delta(DeltaDiscoveryRequest {
+                    node,
+                    type_url: url.clone(),
+                    resource_names_subscribe: names,
+                    initial_resource_versions: ts
+                        .entries
+                        .iter()
+                        .filter(|(n, e)| !e.rejected && (ts.wildcard || ts.names.contains(*n)))
+                        .filter_map(|(n, e)| {
+                            e.cached.as_ref().map(|c| (n.clone(), c.version.clone()))
+                        })
+                        .collect(),
+                    ..Default::default()
+                }),
+            });
+        }
+        out
     }
 
     /// The next event for watchers, if any.
@@ -597,6 +678,7 @@ impl Session {
                     if let Some(gone) = e.cached.take() {
                         ts.bytes = ts.bytes.saturating_sub(gone.size);
                         e.absent = true;
+                        e.deletion_ignored = false;
                         if !ts.names.contains(&t.name) {
                             ts.entries.remove(&t.name);
                         }
@@ -625,26 +707,18 @@ impl Session {
     }
 
     fn handle_sotw(&mut self, now: Instant, resp: DiscoveryResponse) {
-        let Some(ts) = self.admit_type(&resp.type_url, &resp.nonce) else {
-            let error = self.type_refusal(&resp.type_url);
-            self.acks.push_back(Ack {
-                type_url: resp.type_url,
-                version: String::new(),
-                nonce: resp.nonce,
-                error,
-            });
+        let Some(kind) = self.watched(&resp.type_url) else {
+            // Answering would subscribe: an ACK is a request, and a type's first request naming
+            // nothing is a wildcard subscription. Drop it, but keep the nonce: a later
+            // subscription request of the type must carry the nonce of its last response on
+            // this stream, or a server that checks nonces ignores it as stale.
+            self.remember_unwatched_nonce(&resp.type_url, &resp.nonce);
+            log_unwatched(&resp.type_url, &resp.nonce, resp.resources.len());
             return;
         };
-        let Some(kind) = ts.kind.filter(|_| ts.wildcard || !ts.names.is_empty()) else {
-            // Nobody watches this type: answer with the nonce, keep nothing.
-            self.acks.push_back(Ack {
-                type_url: resp.type_url,
-                version: resp.version_info,
-                nonce: resp.nonce,
-                error: None,
-            });
-            return;
-        };
+        if let Some(ts) = self.types.get_mut(kind.type_url()) {
+            ts.nonce.clone_from(&resp.nonce);
+        }
         if let Some(error) = self.refuse_whole(
             resp.resources.len(),
             resp.resources.iter().map(|a| a.value.len()).sum(),
@@ -679,7 +753,9 @@ impl Session {
         reject_duplicates(&mut checked, &mut errors, &[]);
         // Listener and Cluster: what the response leaves out is deleted. Rejected names count as
         // present (their last good value stays); if a resource could not even be named, nothing
-        // is deleted, since it may be any of them.
+        // is deleted, since it may be any of them. Only what we hold can be deleted: a name
+        // never received may be missing because the response answers a request sent before
+        // it was asked for, so its does-not-exist timer decides (gRPC does the same).
         let mut gone = Vec::new();
         if kind.all_resources_required_in_sotw() && !unnamed_errors {
             let present: FastSet<&str> = checked
@@ -693,7 +769,7 @@ impl Session {
                     .filter(|(n, e)| {
                         !present.contains(n.as_str())
                             && (ts.wildcard || ts.names.contains(*n))
-                            && (e.cached.is_some() || (!e.absent && !e.rejected))
+                            && e.cached.is_some()
                     })
                     .map(|(n, _)| n.clone()),
             );
@@ -702,7 +778,24 @@ impl Session {
         let Some(ts) = self.types.get_mut(kind.type_url()) else {
             return;
         };
+        let ignore = self.config.ignore_resource_deletion;
         for name in gone {
+            if ignore
+                && let Some(e) = ts.entries.get_mut(&name)
+                && e.cached.is_some()
+            {
+                // gRFC A53: keep serving the last version; say it once.
+                if !e.deletion_ignored {
+                    e.deletion_ignored = true;
+                    self.ignored_deletions += 1;
+                    tracing::warn!(
+                        type_url = kind.type_url(),
+                        name = truncated(&name, 256),
+                        "xds: the server left a resource out of its response; deletion ignored, the last version stays"
+                    );
+                }
+                continue;
+            }
             remove_entry(ts, &mut self.timers, &mut self.events, kind, &name);
         }
         self.apply(now, kind, checked, &mut errors);
@@ -726,25 +819,18 @@ impl Session {
     }
 
     fn handle_delta(&mut self, now: Instant, resp: DeltaDiscoveryResponse) {
-        let Some(ts) = self.admit_type(&resp.type_url, &resp.nonce) else {
-            let error = self.type_refusal(&resp.type_url);
-            self.acks.push_back(Ack {
-                type_url: resp.type_url,
-                version: String::new(),
-                nonce: resp.nonce,
-                error,
-            });
+        let Some(kind) = self.watched(&resp.type_url) else {
+            // Nothing to remember: Delta subscription requests carry no nonce.
+            log_unwatched(
+                &resp.type_url,
+                &resp.nonce,
+                resp.resources.len() + resp.removed_resources.len(),
+            );
             return;
         };
-        let Some(kind) = ts.kind.filter(|_| ts.wildcard || !ts.names.is_empty()) else {
-            self.acks.push_back(Ack {
-                type_url: resp.type_url,
-                version: String::new(),
-                nonce: resp.nonce,
-                error: None,
-            });
-            return;
-        };
+        if let Some(ts) = self.types.get_mut(kind.type_url()) {
+            ts.nonce.clone_from(&resp.nonce);
+        }
         let encoded = resp
             .resources
             .iter()
@@ -852,6 +938,10 @@ impl Session {
                 }
             }
             let e = ts.entries.entry(c.name.clone()).or_default();
+            if e.deletion_ignored {
+                e.deletion_ignored = false;
+                log_returned(type_url, &c.name);
+            }
             let Some((value, hash, encoded)) = c.body else {
                 if e.cached.is_some() {
                     set_ttl(
@@ -907,6 +997,10 @@ impl Session {
                     // It exists, it is just wrong: never report it as non-existent.
                     cancel_dne(timers, type_url, name, e);
                     e.rejected = true;
+                    if e.deletion_ignored {
+                        e.deletion_ignored = false;
+                        log_returned(type_url, name);
+                    }
                 } else if ts.entries.len() < max_entries {
                     ts.entries.entry(name.clone()).or_default().rejected = true;
                 }
@@ -927,36 +1021,33 @@ impl Session {
         errors.extend(refused);
     }
 
-    /// The state of `type_url` for a response carrying `nonce`, recording the nonce; `None`
-    /// when the type has no state and gets none (see [`SessionConfig::max_type_urls`]).
-    fn admit_type(&mut self, type_url: &str, nonce: &str) -> Option<&mut TypeState> {
-        let known = self.types.contains_key(type_url);
-        if !known
-            && (self.types.len() >= self.config.max_type_urls
-                || type_url.len() > MAX_UNWATCHED_STRING
-                || nonce.len() > MAX_UNWATCHED_STRING)
-        {
-            return None;
-        }
-        let ts = self.types.entry(type_url.to_owned()).or_default();
-        if ts.kind.is_none() && nonce.len() > MAX_UNWATCHED_STRING {
-            ts.nonce.clear();
-        } else {
-            ts.nonce.clear();
-            ts.nonce.push_str(nonce);
-        }
-        Some(ts)
+    /// The type of `type_url` if somebody watches it (by name or wildcard).
+    fn watched(&self, type_url: &str) -> Option<ResourceType> {
+        let ts = self.types.get(type_url)?;
+        ts.kind.filter(|_| ts.wildcard || !ts.names.is_empty())
     }
 
-    /// Why a response for a type without state is NACKed, if it is.
-    fn type_refusal(&self, type_url: &str) -> Option<String> {
-        (self.types.len() >= self.config.max_type_urls).then(|| {
-            format!(
-                "type URL {:?} refused: the client already holds state for {} type URLs, its limit",
-                truncated(type_url, 128),
-                self.config.max_type_urls
-            )
-        })
+    /// Records the nonce of a response for a type nobody watches, for a later subscription
+    /// request of it. A type without state gets some only within
+    /// [`SessionConfig::max_type_urls`] and when its type URL and nonce are short.
+    fn remember_unwatched_nonce(&mut self, type_url: &str, nonce: &str) {
+        let short = nonce.len() <= MAX_UNWATCHED_STRING;
+        match self.types.get_mut(type_url) {
+            Some(ts) => {
+                ts.nonce.clear();
+                if short || ts.kind.is_some() {
+                    ts.nonce.push_str(nonce);
+                }
+            }
+            None => {
+                if short
+                    && type_url.len() <= MAX_UNWATCHED_STRING
+                    && self.types.len() < self.config.max_type_urls
+                {
+                    self.types.entry(type_url.to_owned()).or_default().nonce = nonce.to_owned();
+                }
+            }
+        }
     }
 
     /// Why a whole response is NACKed before decoding, if it is: more resources than one type
@@ -1228,7 +1319,12 @@ fn set_ttl(
     }
 }
 
+/// An entry is dropped because nobody wants it any more: its timers go, and so does a kept
+/// deletion (said, as gRFC A53 asks).
 fn drop_timers(timers: &mut BTreeSet<Timer>, url: &str, name: &str, e: &Entry) {
+    if e.deletion_ignored {
+        log_returned(url, name);
+    }
     for (at, kind) in [
         (e.dne_deadline, TimerKind::DoesNotExist),
         (e.ttl_deadline, TimerKind::Ttl),
@@ -1264,6 +1360,7 @@ fn remove_entry(
     let was_absent = e.absent;
     e.absent = true;
     e.rejected = false;
+    e.deletion_ignored = false;
     if !named {
         ts.entries.remove(name);
     }
@@ -1279,6 +1376,26 @@ fn remove_entry(
         name: name.to_owned(),
         reason,
     });
+}
+
+/// A resource whose deletion was ignored is sent again, or no longer wanted (gRFC A53).
+fn log_returned(type_url: &str, name: &str) {
+    tracing::info!(
+        type_url,
+        name = truncated(name, 256),
+        "xds: a resource whose deletion was ignored is no longer missing"
+    );
+}
+
+/// A response for a type nobody watches is dropped: said once per response, at `warn`, as a
+/// server that pushes what was never asked for is misbehaving.
+fn log_unwatched(type_url: &str, nonce: &str, resources: usize) {
+    tracing::warn!(
+        type_url = truncated(type_url, 128),
+        nonce = truncated(nonce, 64),
+        resources,
+        "xds: response for a type nobody watches dropped, not answered"
+    );
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.
