@@ -696,7 +696,9 @@ fn checkout(entry: &Entry, max_streams: usize) -> Option<(Arc<Conn>, Slot)> {
     let conn = conns
         .iter()
         .find(|c| {
-            let slots = max_streams.min(c.send.current_max_send_streams());
+            // A peer that allows no stream at all is given one slot: the tunnel waits on this
+            // connection (and times out) instead of a new connection being dialled per open.
+            let slots = max_streams.min(c.send.current_max_send_streams().max(1));
             c.state.active.load(Ordering::SeqCst) < slots
         })?
         .clone();

@@ -114,12 +114,15 @@ impl Error {
     }
 
     /// Whether the peer said it did not process the request, which may then be sent again
-    /// (RFC 9113 section 8.7): it refused the stream (REFUSED_STREAM), or its GOAWAY left the
-    /// stream out or came before it.
+    /// (RFC 9113 section 8.7): it refused the stream (REFUSED_STREAM), or a graceful GOAWAY
+    /// (NO_ERROR) left the stream out. A GOAWAY with an error code ends every stream, also
+    /// ones the peer may already have acted on, so it does not count.
     pub(crate) fn is_unprocessed(&self) -> bool {
         match &self.kind {
             Kind::H2(e) => {
-                e.is_remote() && (e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM))
+                e.is_remote()
+                    && (e.reason() == Some(h2::Reason::REFUSED_STREAM)
+                        || (e.is_go_away() && e.reason() == Some(h2::Reason::NO_ERROR)))
             }
             _ => false,
         }

@@ -15,6 +15,15 @@ pub mod openmetrics;
 ///
 /// When the connection fails or the answer is not HTTP.
 pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path)
+}
+
+/// [`http_get`] with another method (`POST`, `PUT`, ...), with an empty body.
+///
+/// # Panics
+///
+/// As [`http_get`].
+pub fn http_request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
     use std::io::Write;
     let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
@@ -22,11 +31,11 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .expect("write timeout");
     write!(
         sock,
-        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
     )
     .expect("sending the request");
     let (raw, end) = read_until_end(&mut sock);
-    end.unwrap_or_else(|e| panic!("reading the answer to GET {path}: {e}"));
+    end.unwrap_or_else(|e| panic!("reading the answer to {method} {path}: {e}"));
     let raw = String::from_utf8(raw).expect("a UTF-8 answer");
     let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
     let status = head

@@ -6,7 +6,7 @@
 //! | `/healthz/ready` | `200 ready` once every [`Readiness`] condition holds; `503` with the reasons otherwise (and while draining) |
 //! | `/metrics`, `/stats/prometheus` | the part's [`Registry`] in the OpenMetrics text format (prometheus-client), with build info and process metrics added |
 //! | `/config_dump` | the part's current configuration as JSON ([`Admin::with_config_dump`]) |
-//! | `/logging?level=FILTER` | sets the log filter ([`Admin::with_log_filter`]); without `level`, shows how to use it |
+//! | `/logging?level=FILTER` | a `POST` or `PUT` sets the log filter ([`Admin::with_log_filter`]); a `GET` shows how to use it, and never changes it (so that a web page cannot change it with a link) |
 //!
 //! It also formats access-log lines ([`AccessLog`]), the same way in every part.
 //!
@@ -344,9 +344,16 @@ impl Admin {
         match level {
             None => text(
                 StatusCode::OK,
-                "set the log filter with /logging?level=FILTER, for example level=debug or level=meshkit_hbone=debug,info\n"
+                "set the log filter with POST /logging?level=FILTER, for example level=debug or level=meshkit_hbone=debug,info\n"
                     .to_owned(),
             ),
+            Some(_) if request.method() != Method::POST && request.method() != Method::PUT => {
+                text(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "changing the log filter takes a POST or PUT: curl -X POST '.../logging?level=FILTER'\n"
+                        .to_owned(),
+                )
+            }
             Some(Err(())) => text(StatusCode::BAD_REQUEST, "level is not valid UTF-8 percent-encoding\n".to_owned()),
             Some(Ok(level)) => match filter.set(&level) {
                 Ok(()) => {
@@ -465,8 +472,12 @@ mod tests {
     use super::*;
 
     fn get(admin: &Admin, uri: &str) -> (StatusCode, String) {
+        send(admin, Method::GET, uri)
+    }
+
+    fn send(admin: &Admin, method: Method, uri: &str) -> (StatusCode, String) {
         use http_body_util::BodyExt;
-        let response = admin.handle(&Request::get(uri).body(()).unwrap());
+        let response = admin.handle(&Request::builder().method(method).uri(uri).body(()).unwrap());
         let status = response.status();
         let body = block_on(response.into_body().collect());
         (
@@ -538,13 +549,26 @@ mod tests {
                 lock(&seen).push(f.to_owned());
                 Ok(())
             }));
-        let (status, _) = get(&admin, "/logging?level=meshkit_hbone%3Ddebug,info");
+        let (status, _) = send(
+            &admin,
+            Method::POST,
+            "/logging?level=meshkit_hbone%3Ddebug,info",
+        );
         assert_eq!(status, StatusCode::OK);
         assert_eq!(*lock(&set), ["meshkit_hbone=debug,info"]);
-        let (status, body) = get(&admin, "/logging?level=bad!");
+        let (status, body) = send(&admin, Method::PUT, "/logging?level=bad!");
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(body.contains("not a filter"), "{body}");
-        assert_eq!(get(&admin, "/logging?level=%zz").0, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            send(&admin, Method::POST, "/logging?level=%zz").0,
+            StatusCode::BAD_REQUEST
+        );
+        // A GET (a link, a web page) never changes it.
+        assert_eq!(
+            get(&admin, "/logging?level=trace").0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(get(&admin, "/logging").0, StatusCode::OK);
         assert_eq!(lock(&set).len(), 1);
     }
 
@@ -553,7 +577,10 @@ mod tests {
         let admin = Admin::new("test", Registry::default());
         assert_eq!(get(&admin, "/nope").0, StatusCode::NOT_FOUND);
         assert_eq!(get(&admin, "/config_dump").0, StatusCode::NOT_FOUND);
-        assert_eq!(get(&admin, "/logging?level=info").0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            send(&admin, Method::POST, "/logging?level=info").0,
+            StatusCode::NOT_FOUND
+        );
         let post = admin.handle(&Request::post("/metrics").body(()).unwrap());
         assert_eq!(post.status(), StatusCode::METHOD_NOT_ALLOWED);
     }

@@ -76,7 +76,12 @@ async fn the_admin_paths_answer_over_loopback() {
     let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
     assert_eq!(dump, serde_json::json!({"workloads": ["a", "b"]}));
 
-    assert_eq!(blocking("/logging?level=debug").await.unwrap().0, 200);
+    let (status, _) = tokio::task::spawn_blocking(move || {
+        meshkit_test_support::http_request(addr, "POST", "/logging?level=debug")
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
     assert_eq!(*filters.lock().unwrap(), ["debug"]);
 
     readiness.start_draining();

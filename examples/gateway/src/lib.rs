@@ -483,6 +483,10 @@ impl Gateway {
                 // Endpoints may have moved or changed identity: new connections for all.
                 idle.clear();
             }
+            // The feed ended. The condition stays as it is, for as long as the readiness
+            // lives: a feed that ended before its first configuration leaves the gateway
+            // unready (dropping the condition would remove it, and so read as ready).
+            std::mem::forget(configured);
         });
         let shared = Arc::new(Shared {
             source: observe::Source::new(&settings),

@@ -805,7 +805,11 @@ async fn the_binary_drains_on_sigterm() {
         .await
         .expect("admin port");
     ready_becomes(admin, 200).await;
-    let (status, body) = admin_get(admin, "/logging?level=info").await;
+    let (status, body) = tokio::task::spawn_blocking(move || {
+        meshkit_test_support::http_request(admin, "POST", "/logging?level=info")
+    })
+    .await
+    .expect("admin request");
     assert_eq!(status, 200, "{body}");
 
     honest(http).await;
