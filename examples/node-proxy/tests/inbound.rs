@@ -339,7 +339,14 @@ async fn a_silent_ca_does_not_hold_up_mesh_updates() {
     .await
     .expect("mesh update applied while the CA is silent")
     .expect("node proxy running");
-    assert!(tokio::net::TcpStream::connect(hbone(web)).await.is_err());
+    // The removed listener's task closes its socket once it has stopped.
+    tokio::time::timeout(PATIENCE, async {
+        while tokio::net::TcpStream::connect(hbone(web)).await.is_ok() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the removed listener refuses connections in time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
