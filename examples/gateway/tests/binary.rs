@@ -18,6 +18,8 @@ fn gateway(dir: &std::path::Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ingress-gateway"));
     command
         .args(["--listen", "127.0.0.1:0", "--ca", "http://127.0.0.1:9"])
+        // Any free port: tests run at once, and the default admin port is one for all.
+        .args(["--admin-addr", "127.0.0.1:0"])
         .arg("--ca-root")
         .arg(dir.join("root.pem"))
         .arg("--ingress")

@@ -76,6 +76,8 @@ async fn control_plane_node_proxies_and_gateway_as_processes() {
             &path("manifests"),
             "--tokens",
             &path("tokens.txt"),
+            "--admin-addr",
+            "127.0.0.1:0",
             "--ads-listen",
             &format!("127.0.0.1:{ads}"),
             "--ca-listen",
@@ -120,6 +122,8 @@ async fn control_plane_node_proxies_and_gateway_as_processes() {
     procs.push(spawn(
         meshkit_test_support::workspace_bin("ingress-gateway"),
         &[
+            "--admin-addr",
+            "127.0.0.1:0",
             "--listen",
             &format!("127.0.0.1:{gateway}"),
             // The test reads which workload answered from the backend headers.

@@ -22,7 +22,9 @@ fn a_mesh_file_that_is_not_json_is_refused_by_name() {
     std::fs::write(dir.join("mesh.json"), "{ \"workloads\": [ {\"name\": ").expect("mesh");
     let out = meshkit_test_support::output_within(
         Command::new(env!("CARGO_BIN_EXE_node-proxy"))
+            // Any free port: tests run at once, and the default admin port is one for all.
             .args(["--node", "node-a", "--ca", "http://127.0.0.1:9"])
+            .args(["--admin-addr", "127.0.0.1:0"])
             .arg("--ca-root")
             .arg(dir.join("root.pem"))
             .arg("--mesh")
@@ -46,7 +48,9 @@ fn a_missing_trust_bundle_is_refused_by_name() {
     std::fs::write(dir.join("mesh.json"), "{}").expect("mesh");
     let out = meshkit_test_support::output_within(
         Command::new(env!("CARGO_BIN_EXE_node-proxy"))
+            // Any free port: tests run at once, and the default admin port is one for all.
             .args(["--node", "node-a", "--ca", "http://127.0.0.1:9"])
+            .args(["--admin-addr", "127.0.0.1:0"])
             .arg("--ca-root")
             .arg(dir.join("absent.pem"))
             .arg("--mesh")
