@@ -4,9 +4,11 @@
 //! plane); [`IstioCaServer`] serves the same protocol from any [`CertificateSigner`], so a
 //! control plane can be one without generated code.
 //!
-//! The messages carry the fields meshkit uses, with upstream field numbers: a PEM CSR (1) and
-//! the validity in seconds (3) in the request; the PEM chain, leaf first, in the response (1).
-//! The request's `metadata` (4) is not sent; servers ignore unknown fields.
+//! The messages carry the fields meshkit uses, with upstream field numbers: a PEM CSR (1), the
+//! validity in seconds (3) and the `metadata` struct (4) in the request; the PEM chain, leaf
+//! first, in the response (1). A node proxy that requests certificates for the workloads it
+//! carries names each one in `metadata` as `ImpersonatedIdentity`
+//! ([`IstioCaClient::with_impersonated_identity`], [`impersonated_identity`]), as ztunnel does.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,7 +31,7 @@ pub const CREATE_CERTIFICATE_PATH: &str =
     "/istio.v1.auth.IstioCertificateService/CreateCertificate";
 
 /// `istio.v1.auth.IstioCertificateRequest`.
-#[derive(Clone, PartialEq, Eq, prost::Message)]
+#[derive(Clone, PartialEq, prost::Message)]
 pub struct IstioCertificateRequest {
     /// PEM-encoded PKCS#10 certificate signing request.
     #[prost(string, tag = "1")]
@@ -37,6 +39,27 @@ pub struct IstioCertificateRequest {
     /// Requested validity, in seconds.
     #[prost(int64, tag = "3")]
     pub validity_duration: i64,
+    /// Extra request data (`google.protobuf.Struct`); Istio reads `ImpersonatedIdentity`.
+    #[prost(message, optional, tag = "4")]
+    pub metadata: Option<prost_types::Struct>,
+}
+
+/// The `metadata` key under which a node proxy names the identity it requests a certificate
+/// for on a workload's behalf.
+pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+
+/// The identity `request` names as `ImpersonatedIdentity` in its metadata: `None` when it
+/// names none, `Some(Err(()))` when the value is not a string.
+pub fn impersonated_identity(request: &IstioCertificateRequest) -> Option<Result<&str, ()>> {
+    let value = request
+        .metadata
+        .as_ref()?
+        .fields
+        .get(IMPERSONATED_IDENTITY)?;
+    Some(match &value.kind {
+        Some(prost_types::value::Kind::StringValue(s)) => Ok(s.as_str()),
+        _ => Err(()),
+    })
 }
 
 /// `istio.v1.auth.IstioCertificateResponse`.
@@ -58,6 +81,7 @@ pub struct IstioCaClient {
     token: Option<AsciiMetadataValue>,
     cluster_id: Option<AsciiMetadataValue>,
     timeout: Duration,
+    impersonate: bool,
 }
 
 /// How long one `CreateCertificate` call may take, connecting included, unless
@@ -72,7 +96,16 @@ impl IstioCaClient {
             token: None,
             cluster_id: None,
             timeout: DEFAULT_CA_TIMEOUT,
+            impersonate: false,
         }
+    }
+
+    /// Names the requested identity as `ImpersonatedIdentity` in every request's metadata:
+    /// for a node proxy, whose credential is its own and which requests certificates for the
+    /// workloads on its node.
+    pub fn with_impersonated_identity(mut self, impersonate: bool) -> Self {
+        self.impersonate = impersonate;
+        self
     }
 
     /// Bounds each call, connecting included (default [`DEFAULT_CA_TIMEOUT`]). A CA that
@@ -125,9 +158,21 @@ impl IstioCaClient {
         grpc.ready()
             .await
             .map_err(|e| CaError::Unavailable(e.to_string()))?;
+        let metadata = self.impersonate.then(|| prost_types::Struct {
+            fields: [(
+                IMPERSONATED_IDENTITY.to_owned(),
+                prost_types::Value {
+                    kind: Some(prost_types::value::Kind::StringValue(
+                        request.id.to_string(),
+                    )),
+                },
+            )]
+            .into(),
+        });
         let mut req = tonic::Request::new(IstioCertificateRequest {
             csr: request.csr_pem.clone(),
             validity_duration: i64::try_from(request.validity.as_secs()).unwrap_or(i64::MAX),
+            metadata,
         });
         req.set_timeout(self.timeout);
         if let Some(token) = &self.token {

@@ -6,7 +6,7 @@
 //!
 //! | word | the holder is | its requests' `node.id` must be | it is served |
 //! |---|---|---|---|
-//! | `node=NAME` | the node proxy of node `NAME` | `NAME`, or an Istio proxy id `TYPE~IP~ID~DOMAIN` (ztunnel's) whose metadata `NODE_NAME` is `NAME` | `Address` only: every Service; the workloads on node `NAME`; and the workloads that are endpoints of some Service (those its workloads may reach through a Service) |
+//! | `node=NAME` | the node proxy of node `NAME` | `NAME`, or an Istio proxy id `TYPE~IP~ID~DOMAIN` (ztunnel's) whose metadata `NODE_NAME` is `NAME` | `Address` and `Authorization` only: every Service; the workloads on node `NAME`; the workloads that are endpoints of some Service (those its workloads may reach through a Service); every authorization policy |
 //! | `gateway=NAME` | a gateway (meshkit's or Envoy) | `NAME` (`NAME*`: any id starting with `NAME`) | everything but Secrets, and the Secrets that some Ingress's `spec.tls` names (`namespace/secretName`) |
 //! | `gateway=NAME:CLASS` | a gateway of IngressClass `CLASS` | as `gateway=NAME` | as `gateway=NAME`, but only the Ingresses of class `CLASS` (by `spec.ingressClassName`, the legacy annotation, or the default class) and only the Secrets those name |
 //!
@@ -27,8 +27,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use meshkit_ingress_model::{Ingress, IngressClass};
-use meshkit_mesh::proto::{Address, address};
-use meshkit_mesh::resources::{ADDRESS_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL};
+use meshkit_mesh::proto::workload::{Address, address};
+use meshkit_mesh::resources::{
+    ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL,
+};
 use meshkit_xds_client::SECRET_TYPE_URL;
 use meshkit_xds_server::envoy_types::pb::envoy::config::core::v3::Node;
 use meshkit_xds_server::{AccessPolicy, Snapshot, StreamAccess, TypeSnapshot};
@@ -167,7 +169,13 @@ fn node_view(snapshot: &Snapshot, node: &str) -> Snapshot {
         }) => w.node == node || !w.services.is_empty(),
         _ => false,
     });
-    Snapshot::new().with_type(ADDRESS_TYPE_URL, kept)
+    let view = Snapshot::new().with_type(ADDRESS_TYPE_URL, kept);
+    // Every policy: a GLOBAL or NAMESPACE policy applies to workloads by scope, not by name,
+    // so no subset is safe to leave out.
+    match snapshot.get_type(AUTHORIZATION_TYPE_URL) {
+        Some(policies) => view.with_type(AUTHORIZATION_TYPE_URL, policies.clone()),
+        None => view,
+    }
 }
 
 /// A gateway's view: everything but Secrets no Ingress of its class names; with a class,

@@ -10,6 +10,17 @@
 //! verifies Kubernetes service account tokens with the API server (TokenReview) and derives
 //! the identity from them; here whoever holds a token file line holds those identities, so the
 //! file must be protected like a key. See `docs/control-plane.md`.
+//!
+//! # Node proxies: Istio's impersonation rule
+//!
+//! A node proxy (ztunnel in shared mode, meshkit's node proxy) holds its own credential and
+//! requests certificates for the workloads on its node, naming each in the request's
+//! `metadata` as `ImpersonatedIdentity`. Such a request is signed only when the token's line
+//! says `node=NAME`, the named identity is the CSR's, and a workload of node `NAME` in the
+//! current manifests has that identity ([`NodeIdentities`]): a node's credential obtains
+//! certificates for the workloads on its own node and for nothing else, whatever identities
+//! the token's line lists. A request without `ImpersonatedIdentity` is checked against the
+//! token's identities as before.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
@@ -21,12 +32,12 @@ use std::time::Duration;
 
 use meshkit_identity::istio::{
     CertificateSigner, IstioCaServer, IstioCertificateRequest, IstioCertificateResponse,
-    requested_validity,
+    impersonated_identity, requested_validity,
 };
 use meshkit_identity::{BoxFuture, CaSigner, ErrorChain, SignError, SpiffeId, certs_to_pem};
 use meshkit_xds_server::{Admission, AdmissionDeadline};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
 use tonic::codegen::{Service, http};
@@ -63,6 +74,49 @@ pub struct TokenSigner {
     grants: TokenGrants,
     max_csr_bytes: usize,
     metrics: CaMetrics,
+    nodes: watch::Receiver<Arc<NodeIdentities>>,
+}
+
+/// The identities of the workloads on each node: what a node proxy's credential may request
+/// certificates for on their behalf.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeIdentities(BTreeMap<String, BTreeSet<SpiffeId>>);
+
+// === impl NodeIdentities ===
+
+impl NodeIdentities {
+    /// No node has workloads.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that a workload with identity `id` runs on `node`.
+    pub fn insert(&mut self, node: &str, id: SpiffeId) {
+        self.0.entry(node.to_owned()).or_default().insert(id);
+    }
+
+    /// Whether a workload with identity `id` runs on `node`.
+    pub fn contains(&self, node: &str, id: &SpiffeId) -> bool {
+        self.0.get(node).is_some_and(|ids| ids.contains(id))
+    }
+
+    /// The WorkloadEntries of `set` that name a node, with their identities in `trust_domain`.
+    pub fn of_manifests(
+        set: &crate::manifests::ManifestSet,
+        trust_domain: &meshkit_identity::TrustDomain,
+    ) -> Self {
+        let mut nodes = Self::new();
+        for w in &set.workload_entries {
+            let (Some(node), Ok(id)) = (
+                &w.node,
+                SpiffeId::from_istio(trust_domain, &w.namespace, &w.service_account),
+            ) else {
+                continue;
+            };
+            nodes.insert(node, id);
+        }
+        nodes
+    }
 }
 
 /// A problem with the token file.
@@ -294,7 +348,16 @@ impl TokenSigner {
             grants,
             max_csr_bytes: CaLimits::default().max_csr_bytes,
             metrics: CaMetrics::default(),
+            nodes: watch::channel(Arc::new(NodeIdentities::new())).1,
         }
+    }
+
+    /// Decides `ImpersonatedIdentity` requests by the workloads on each node as `nodes` says
+    /// now (the control plane updates it with every manifest load). Without it, no node has
+    /// workloads and every such request is refused.
+    pub fn with_node_identities(mut self, nodes: watch::Receiver<Arc<NodeIdentities>>) -> Self {
+        self.nodes = nodes;
+        self
     }
 
     /// Counts every decision in `metrics` (the `citadel_server_*` and
@@ -384,6 +447,13 @@ impl TokenSigner {
                 )),
             ));
         }
+        match impersonated_identity(request) {
+            None => {}
+            Some(named) => {
+                self.check_impersonation(token, &id, named)?;
+                return self.sign(request, &id);
+            }
+        }
         if !self.grants.allows(token, &id) {
             tracing::warn!(%id, "CA: token may not request this identity");
             return Err((
@@ -391,6 +461,56 @@ impl TokenSigner {
                 Status::permission_denied(format!("this token may not request {id}")),
             ));
         }
+        self.sign(request, &id)
+    }
+
+    /// Istio's rule for a request naming `ImpersonatedIdentity` (`named`): only a node
+    /// proxy's credential, only the CSR's own identity, only a workload on its node.
+    fn check_impersonation(
+        &self,
+        token: &str,
+        id: &SpiffeId,
+        named: Result<&str, ()>,
+    ) -> Result<(), (CaRefusal, Status)> {
+        let named = named.map_err(|()| {
+            (
+                CaRefusal::InvalidCsr,
+                Status::invalid_argument("metadata ImpersonatedIdentity is not a string"),
+            )
+        })?;
+        if named != id.as_str() {
+            return Err((
+                CaRefusal::PermissionDenied,
+                Status::permission_denied(format!(
+                    "ImpersonatedIdentity names {named:?}, but the CSR asks for {id}"
+                )),
+            ));
+        }
+        let Some(crate::access::XdsRole::Node(node)) = self.grants.xds_role(token) else {
+            tracing::warn!(%id, "CA: impersonation by a token that is not a node proxy's");
+            return Err((
+                CaRefusal::PermissionDenied,
+                Status::permission_denied(
+                    "only a node proxy's credential may request certificates for other identities",
+                ),
+            ));
+        };
+        if !self.nodes.borrow().contains(node, id) {
+            tracing::warn!(%id, node, "CA: impersonation of an identity not on the caller's node");
+            return Err((
+                CaRefusal::PermissionDenied,
+                Status::permission_denied(format!("no workload on node {node} has identity {id}")),
+            ));
+        }
+        Ok(())
+    }
+
+    fn sign(
+        &self,
+        request: &IstioCertificateRequest,
+        id: &SpiffeId,
+    ) -> Result<IstioCertificateResponse, (CaRefusal, Status)> {
+        let id = id.clone();
         let validity = requested_validity(request, DEFAULT_VALIDITY).min(MAX_VALIDITY);
         let mut chain = self.ca.sign_csr(&request.csr, &id, validity).map_err(|e| {
             tracing::warn!(%id, error = %ErrorChain(&e), "CA: signing failed");

@@ -65,6 +65,7 @@ mod admin;
 pub mod ca;
 pub mod manifests;
 pub mod metrics;
+pub mod policy;
 pub mod tls;
 pub mod translate;
 
@@ -421,8 +422,10 @@ impl ControlPlane {
             .tls
             .as_ref()
             .and_then(|t| t.dns_names.first().cloned());
-        let signer =
-            TokenSigner::new(keys, config.grants.clone()).with_metrics(metrics.ca().clone());
+        let (nodes_tx, nodes_rx) = watch::channel(Arc::new(ca::NodeIdentities::new()));
+        let signer = TokenSigner::new(keys, config.grants.clone())
+            .with_metrics(metrics.ca().clone())
+            .with_node_identities(nodes_rx);
         let ca_limits = config.ca_limits.clone();
 
         let (ads_listener, ads_addr) = bind("ADS", config.ads_addr).await?;
@@ -448,6 +451,8 @@ impl ControlPlane {
             pending: None,
             loaded: manifests_loaded,
             metrics: metrics.manifests().clone(),
+            nodes: nodes_tx,
+            trust_domain: config.trust_domain.clone(),
         };
         watcher.check();
 
@@ -680,6 +685,9 @@ struct Watcher {
     /// Holds once a load has been applied.
     loaded: Condition,
     metrics: ManifestMetrics,
+    /// The workloads on each node, for the CA's impersonation rule.
+    nodes: watch::Sender<Arc<ca::NodeIdentities>>,
+    trust_domain: TrustDomain,
 }
 
 impl Watcher {
@@ -703,7 +711,15 @@ impl Watcher {
         status.loads += 1;
         match result {
             Ok(set) => {
+                for warning in &set.warnings {
+                    tracing::warn!(%warning, "manifest applied with a warning");
+                }
                 let snapshot = translate::build_snapshot(&set, &self.translate);
+                self.nodes
+                    .send_replace(Arc::new(ca::NodeIdentities::of_manifests(
+                        &set,
+                        &self.trust_domain,
+                    )));
                 self.cache.set(snapshot);
                 status.applied += 1;
                 status.errors.clear();
@@ -714,6 +730,8 @@ impl Watcher {
                     services = set.service_entries.len(),
                     workloads = set.workload_entries.len(),
                     secrets = set.secrets.len(),
+                    authorization_policies = set.authorization_policies.len(),
+                    peer_authentications = set.peer_authentications.len(),
                     "manifests loaded"
                 );
             }

@@ -9,6 +9,8 @@
 //! | `Secret` of type `kubernetes.io/tls` | `v1` | `tls.crt` and `tls.key` (`data`, base64, or `stringData`) |
 //! | `ServiceEntry` | `networking.istio.io/v1`, `v1beta1`, `v1alpha3` | hosts, addresses, ports, workloadSelector |
 //! | `WorkloadEntry` | `networking.istio.io/v1`, `v1beta1`, `v1alpha3` | address, serviceAccount, ports, labels, network |
+//! | `AuthorizationPolicy` | `security.istio.io/v1`, `v1beta1` | selector, action, rules in L4 form, the `istio.io/dry-run` annotation (see [`policy`](crate::policy)) |
+//! | `PeerAuthentication` | `security.istio.io/v1`, `v1beta1` | selector, mtls mode, portLevelMtls, creationTimestamp |
 //!
 //! A `List` document contributes its items. Files are the `*.yaml`, `*.yml` and `*.json` files
 //! directly in the folder, read in name order; hidden files are ignored. Every problem is
@@ -27,6 +29,8 @@ use base64::Engine as _;
 use meshkit_ingress_model::{Ingress, IngressClass};
 use serde::Deserialize;
 use serde_json::Value;
+
+use crate::policy::{AuthorizationPolicy, Parsed, PeerAuthentication};
 
 /// The label that names the node a WorkloadEntry runs on.
 pub const NODE_LABEL: &str = "meshkit.io/node";
@@ -47,6 +51,13 @@ pub struct ManifestSet {
     pub service_entries: Vec<ServiceEntry>,
     /// Istio WorkloadEntries.
     pub workload_entries: Vec<WorkloadEntry>,
+    /// Istio AuthorizationPolicies (those for node proxies; a waypoint's are skipped).
+    pub authorization_policies: Vec<AuthorizationPolicy>,
+    /// Istio PeerAuthentications.
+    pub peer_authentications: Vec<PeerAuthentication>,
+    /// What was read but cannot be enforced as written (an AuthorizationPolicy's HTTP
+    /// attributes), and what was skipped; the load succeeds with these.
+    pub warnings: Vec<ManifestError>,
 }
 
 /// A `kubernetes.io/tls` Secret.
@@ -135,10 +146,12 @@ pub struct ManifestErrors(pub Vec<ManifestError>);
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
-struct RawMeta {
-    name: String,
-    namespace: Option<String>,
-    labels: BTreeMap<String, String>,
+pub(crate) struct RawMeta {
+    pub(crate) name: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
+    pub(crate) creation_timestamp: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -198,6 +211,8 @@ struct RawWorkloadEntrySpec {
     labels: BTreeMap<String, String>,
     network: String,
 }
+
+const SECURITY_VERSIONS: &[&str] = &["security.istio.io/v1", "security.istio.io/v1beta1"];
 
 const ISTIO_VERSIONS: &[&str] = &[
     "networking.istio.io/v1",
@@ -301,6 +316,32 @@ impl ManifestSet {
             ("Secret", "v1") => self.add_secret(value),
             ("ServiceEntry", v) if ISTIO_VERSIONS.contains(&v) => self.add_service_entry(value),
             ("WorkloadEntry", v) if ISTIO_VERSIONS.contains(&v) => self.add_workload_entry(value),
+            ("AuthorizationPolicy", v) if SECURITY_VERSIONS.contains(&v) => {
+                match crate::policy::parse_authorization_policy(value) {
+                    Ok(Parsed::Policy(policy, warnings)) => {
+                        for (field, message) in warnings {
+                            self.warnings
+                                .push(at.error(&format!("{prefix}{field}"), &message));
+                        }
+                        self.add_authorization_policy(policy)
+                    }
+                    Ok(Parsed::Skipped(reason)) => {
+                        self.warnings.push(at.error(prefix, &reason));
+                        Ok(())
+                    }
+                    Err(problems) => Err(problems),
+                }
+            }
+            ("PeerAuthentication", v) if SECURITY_VERSIONS.contains(&v) => {
+                crate::policy::parse_peer_authentication(value)
+                    .and_then(|p| self.add_peer_authentication(p))
+            }
+            ("AuthorizationPolicy" | "PeerAuthentication", v) => Err(vec![(
+                "apiVersion".to_owned(),
+                format!(
+                    "{kind} with apiVersion {v:?} is not supported (security.istio.io/v1 or v1beta1)"
+                ),
+            )]),
             ("ServiceEntry" | "WorkloadEntry", v) => Err(vec![(
                 "apiVersion".to_owned(),
                 format!(
@@ -568,6 +609,44 @@ impl ManifestSet {
     }
 }
 
+impl ManifestSet {
+    fn add_authorization_policy(
+        &mut self,
+        p: AuthorizationPolicy,
+    ) -> Result<(), Vec<(String, String)>> {
+        if self
+            .authorization_policies
+            .iter()
+            .any(|o| o.namespace == p.namespace && o.name == p.name)
+        {
+            return Err(defined_twice(
+                "AuthorizationPolicy",
+                &format!("{}/{}", p.namespace, p.name),
+            ));
+        }
+        self.authorization_policies.push(p);
+        Ok(())
+    }
+
+    fn add_peer_authentication(
+        &mut self,
+        p: PeerAuthentication,
+    ) -> Result<(), Vec<(String, String)>> {
+        if self
+            .peer_authentications
+            .iter()
+            .any(|o| o.namespace == p.namespace && o.name == p.name)
+        {
+            return Err(defined_twice(
+                "PeerAuthentication",
+                &format!("{}/{}", p.namespace, p.name),
+            ));
+        }
+        self.peer_authentications.push(p);
+        Ok(())
+    }
+}
+
 struct Location<'a> {
     file: &'a Path,
     document: usize,
@@ -606,7 +685,7 @@ fn one(field: &str, message: &str) -> Vec<(String, String)> {
     vec![(field.to_owned(), message.to_owned())]
 }
 
-fn deserialize<T: serde::de::DeserializeOwned>(
+pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
     mut value: Value,
 ) -> Result<T, Vec<(String, String)>> {
     drop_nulls(&mut value);
@@ -629,7 +708,7 @@ fn drop_nulls(value: &mut Value) {
     }
 }
 
-fn check_name(meta: &RawMeta) -> Result<(), Vec<(String, String)>> {
+pub(crate) fn check_name(meta: &RawMeta) -> Result<(), Vec<(String, String)>> {
     if meta.name.is_empty() {
         return Err(one("metadata.name", "required"));
     }
@@ -650,7 +729,7 @@ fn check_name(meta: &RawMeta) -> Result<(), Vec<(String, String)>> {
     Ok(())
 }
 
-fn namespace(meta: &RawMeta) -> String {
+pub(crate) fn namespace(meta: &RawMeta) -> String {
     meta.namespace
         .clone()
         .unwrap_or_else(|| "default".to_owned())

@@ -3,6 +3,7 @@
 //! | type URL | names | from |
 //! |---|---|---|
 //! | [`ADDRESS_TYPE_URL`] | workload uid; `namespace/hostname` for services | WorkloadEntry, ServiceEntry |
+//! | [`AUTHORIZATION_TYPE_URL`] | `namespace/name` | AuthorizationPolicy, PeerAuthentication (see [`policy`](crate::policy)) |
 //! | [`INGRESS_TYPE_URL`] | `namespace/name` | Ingress, as is |
 //! | [`INGRESS_CLASS_TYPE_URL`] | `name` | IngressClass, as is |
 //! | Envoy `Listener` | `http`, `https` | the HTTP listener and, when some `tls` entry has its Secret, the HTTPS one |
@@ -72,8 +73,11 @@ use meshkit_xds_client::{
 use prost::{Message, Name};
 
 use super::manifests::{ManifestSet, ServiceEntry, ServicePort, TlsSecret};
-use meshkit_mesh::proto as workload;
-use meshkit_mesh::resources::{ADDRESS_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL};
+use meshkit_mesh::proto::security;
+use meshkit_mesh::proto::workload;
+use meshkit_mesh::resources::{
+    ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL,
+};
 use meshkit_xds_server::{Snapshot, SnapshotBuilder};
 
 /// How manifests are translated.
@@ -83,6 +87,9 @@ pub struct TranslateOptions {
     pub trust_domain: String,
     /// Cluster id in workload uids. Default `Kubernetes`.
     pub cluster_id: String,
+    /// Istio's root namespace: its AuthorizationPolicies without a selector are GLOBAL, and
+    /// its PeerAuthentication without a selector is mesh-wide. Default `istio-system`.
+    pub root_namespace: String,
     /// Address of Envoy's plain HTTP listener. Default `0.0.0.0:8080`.
     pub http_listener: SocketAddr,
     /// Address of Envoy's HTTPS listener, `None` for none. Default `0.0.0.0:8443`.
@@ -115,6 +122,7 @@ impl Default for TranslateOptions {
         Self {
             trust_domain: "cluster.local".to_owned(),
             cluster_id: "Kubernetes".to_owned(),
+            root_namespace: "istio-system".to_owned(),
             http_listener: SocketAddr::from(([0, 0, 0, 0], 8080)),
             https_listener: Some(SocketAddr::from(([0, 0, 0, 0], 8443))),
             ingress_class: None,
@@ -147,6 +155,7 @@ pub fn build_snapshot(set: &ManifestSet, options: &TranslateOptions) -> Snapshot
     let mut b = SnapshotBuilder::new();
     for url in [
         ADDRESS_TYPE_URL,
+        AUTHORIZATION_TYPE_URL,
         INGRESS_TYPE_URL,
         INGRESS_CLASS_TYPE_URL,
         LISTENER_TYPE_URL,
@@ -157,7 +166,20 @@ pub fn build_snapshot(set: &ManifestSet, options: &TranslateOptions) -> Snapshot
     ] {
         b.declare(url);
     }
-    add_addresses(&mut b, set, options);
+    let policies = crate::policy::translate(
+        &set.authorization_policies,
+        &set.peer_authentications,
+        &set.workload_entries,
+        &options.root_namespace,
+    );
+    for policy in &policies.policies {
+        b.add(
+            AUTHORIZATION_TYPE_URL,
+            &policy.key(),
+            &security::Authorization::from(policy),
+        );
+    }
+    add_addresses(&mut b, set, options, &policies.workload_policies);
     for ingress in &set.ingresses {
         let (ns, name) = ingress_key(ingress);
         b.add(INGRESS_TYPE_URL, &ns_name(&ns, &name), ingress);
@@ -190,7 +212,12 @@ fn ip_bytes(ip: IpAddr) -> Vec<u8> {
     }
 }
 
-fn add_addresses(b: &mut SnapshotBuilder, set: &ManifestSet, options: &TranslateOptions) {
+fn add_addresses(
+    b: &mut SnapshotBuilder,
+    set: &ManifestSet,
+    options: &TranslateOptions,
+    workload_policies: &BTreeMap<String, Vec<String>>,
+) {
     for se in &set.service_entries {
         let Some(hostname) = se.hosts.first() else {
             continue;
@@ -205,6 +232,7 @@ fn add_addresses(b: &mut SnapshotBuilder, set: &ManifestSet, options: &Translate
                 .map(|ip| workload::NetworkAddress {
                     network: String::new(),
                     address: ip_bytes(*ip),
+                    length: None,
                 })
                 .collect(),
             ports: se
@@ -213,9 +241,10 @@ fn add_addresses(b: &mut SnapshotBuilder, set: &ManifestSet, options: &Translate
                 .map(|p| workload::Port {
                     service_port: u32::from(p.number),
                     target_port: u32::from(p.target_port.unwrap_or(0)),
+                    app_protocol: app_protocol(&p.protocol) as i32,
                 })
                 .collect(),
-            subject_alt_names: Vec::new(),
+            ..Default::default()
         };
         let address = workload::Address {
             r#type: Some(workload::address::Type::Service(service)),
@@ -243,6 +272,7 @@ fn add_addresses(b: &mut SnapshotBuilder, set: &ManifestSet, options: &Translate
                     .map(|p| workload::Port {
                         service_port: u32::from(p.number),
                         target_port: u32::from(target_port(p, &we.ports)),
+                        app_protocol: app_protocol(&p.protocol) as i32,
                     })
                     .collect();
                 Some((
@@ -273,6 +303,10 @@ fn add_addresses(b: &mut SnapshotBuilder, set: &ManifestSet, options: &Translate
                 .unwrap_or_else(|| "latest".to_owned()),
             workload_name: we.name.clone(),
             services,
+            authorization_policies: workload_policies
+                .get(&ns_name(&we.namespace, &we.name))
+                .cloned()
+                .unwrap_or_default(),
             status: workload::WorkloadStatus::Healthy as i32,
             cluster_id: options.cluster_id.clone(),
             ..Default::default()
@@ -281,6 +315,18 @@ fn add_addresses(b: &mut SnapshotBuilder, set: &ManifestSet, options: &Translate
             r#type: Some(workload::address::Type::Workload(workload)),
         };
         b.add(ADDRESS_TYPE_URL, &uid, &address);
+    }
+}
+
+/// The workload API's protocol for a ServiceEntry port's `protocol` (Istio's names).
+fn app_protocol(protocol: &str) -> workload::AppProtocol {
+    match protocol.to_ascii_uppercase().as_str() {
+        "HTTP" => workload::AppProtocol::Http11,
+        "HTTP2" => workload::AppProtocol::Http2,
+        "GRPC" => workload::AppProtocol::Grpc,
+        "TCP" => workload::AppProtocol::Tcp,
+        "TLS" | "HTTPS" => workload::AppProtocol::Tls,
+        _ => workload::AppProtocol::Unknown,
     }
 }
 

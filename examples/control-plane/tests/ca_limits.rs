@@ -234,6 +234,7 @@ async fn raw_call(h2: &mut h2::client::SendRequest<bytes::Bytes>, token: &str) -
     let message = IstioCertificateRequest {
         csr,
         validity_duration: 3600,
+        metadata: None,
     }
     .encode_to_vec();
     let mut body = vec![0u8];

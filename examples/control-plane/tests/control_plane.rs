@@ -22,7 +22,7 @@ use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{
     Authorize, CaError, PeerRole, SpiffeId, SpiffeVerifier, VerifyError, request_svid,
 };
-use meshkit_mesh::proto::address;
+use meshkit_mesh::proto::workload::address;
 use meshkit_mesh::resources::{
     ADDRESS_TYPE_URL, AddressResource, INGRESS_TYPE_URL, IngressClassResource, IngressResource,
 };

@@ -329,7 +329,9 @@ impl DemoMesh {
         let mut node_proxies = BTreeMap::new();
         let mut node_parts = BTreeMap::new();
         for (node, token) in NODES {
-            let ca = IstioCaClient::new(ca_channel.clone()).with_bearer_token(token)?;
+            let ca = IstioCaClient::new(ca_channel.clone())
+                .with_impersonated_identity(true)
+                .with_bearer_token(token)?;
             let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
             let (rx, feed) = mesh_over_xds(xds_config(&control_plane, Mode::Delta, node, token)?);
             tasks.extend(feed);

@@ -62,7 +62,6 @@
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod cidr;
 mod conn;
 mod dump;
 pub mod feed;
@@ -87,7 +86,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
-pub use cidr::{Cidr, CidrError};
+pub use meshkit_mesh::{Cidr, CidrError};
 pub use metrics::DURATION_BUCKETS_MS;
 pub use proxy::{BACKEND_IDENTITY, BACKEND_WORKLOAD, Body};
 

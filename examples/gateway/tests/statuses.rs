@@ -97,6 +97,7 @@ async fn gateway(
             let app_port = web.ports[0].target_port;
             // web-2 on 127.0.0.2, where no HBONE server listens: unreachable.
             config.mesh.workloads.push(Workload {
+                authorization_policies: Vec::new(),
                 name: "web-2".into(),
                 namespace: "shop".into(),
                 service_account: "web".into(),

@@ -46,6 +46,7 @@ fn ip(net: u8, host: u8) -> IpAddr {
 
 fn workload(net: u8, name: &str, host: u8, node: &str) -> Workload {
     Workload {
+        authorization_policies: Vec::new(),
         name: name.into(),
         namespace: "shop".into(),
         service_account: name.into(),
@@ -57,6 +58,7 @@ fn workload(net: u8, name: &str, host: u8, node: &str) -> Workload {
 
 fn mesh(net: u8) -> MeshConfig {
     MeshConfig {
+        policies: Vec::new(),
         workloads: vec![
             workload(net, "web", 11, "node-b"),
             workload(net, "client", 21, "node-a"),

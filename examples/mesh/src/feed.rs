@@ -1,5 +1,6 @@
-//! The data plane's view of the mesh from xDS: workload API `Address` resources in, a
-//! [`MeshConfig`] on a `tokio::sync::watch` channel out.
+//! The data plane's view of the mesh from xDS: workload API `Address` and
+//! `istio.security.Authorization` resources in, a [`MeshConfig`] on a `tokio::sync::watch`
+//! channel out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -8,12 +9,12 @@ use meshkit_xds_client::{ClientConfig, Resource, WatchEvent, XdsClient};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::proto::address;
-use crate::resources::AddressResource;
+use crate::proto::workload::address;
+use crate::resources::{AddressResource, AuthorizationResource};
 use crate::{MeshConfig, MeshService, ServicePort, Workload};
 
-/// Follows the workload API Addresses of the ADS server that `config` names (its URI, mode
-/// and node), as a node proxy's view of the mesh. Returns the view and the two spawned tasks
+/// Follows the workload API Addresses and the authorization policies of the ADS server that
+/// `config` names (its URI, mode and node), as a node proxy's view of the mesh. Returns the view and the two spawned tasks
 /// (the xDS driver and the feed); aborting them ends the subscription.
 ///
 /// Must be called inside a tokio runtime.
@@ -36,14 +37,28 @@ pub fn spawn_client(config: ClientConfig) -> (XdsClient, JoinHandle<()>) {
     (client, driver)
 }
 
-/// Keeps `tx` at the mesh described by the Address resources `client` receives. Returns when
-/// the client is gone.
+/// Keeps `tx` at the mesh described by the Address and Authorization resources `client`
+/// receives. Returns when the client is gone.
 pub async fn feed_mesh(client: XdsClient, tx: watch::Sender<MeshConfig>) {
     let mut addresses = client.watch_all::<AddressResource>();
+    let mut authorizations = client.watch_all::<AuthorizationResource>();
     let mut current: BTreeMap<String, AddressResource> = BTreeMap::new();
-    while let Some(event) = addresses.next().await {
-        if apply(&mut current, event) {
-            tx.send_replace(mesh_config(current.values()));
+    let mut policies: BTreeMap<String, AuthorizationResource> = BTreeMap::new();
+    loop {
+        let changed = tokio::select! {
+            event = addresses.next() => match event {
+                Some(event) => apply(&mut current, event),
+                None => return,
+            },
+            event = authorizations.next() => match event {
+                Some(event) => apply(&mut policies, event),
+                None => return,
+            },
+        };
+        if changed {
+            let mut mesh = mesh_config(current.values());
+            mesh.policies = policies.values().map(|p| (*p.policy).clone()).collect();
+            tx.send_replace(mesh);
         }
     }
 }
@@ -112,6 +127,7 @@ pub fn mesh_config<'a>(addresses: impl Iterator<Item = &'a AddressResource>) -> 
                     ip,
                     node: w.node.clone(),
                     ports: Some(Vec::new()),
+                    authorization_policies: w.authorization_policies.clone(),
                 });
             }
             Some(address::Type::Service(s)) => {
@@ -167,6 +183,7 @@ pub fn mesh_config<'a>(addresses: impl Iterator<Item = &'a AddressResource>) -> 
     MeshConfig {
         workloads,
         services,
+        policies: Vec::new(),
     }
 }
 

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use meshkit_identity::{SpiffeId, SpiffeIdError, TrustDomain};
 use serde::{Deserialize, Serialize};
 
+use crate::authz::{Connection, Evaluation, PolicySet, Target};
+
 /// One workload (a pod, a VM): where it runs and who it is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Workload {
@@ -30,6 +32,10 @@ pub struct Workload {
     /// says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ports: Option<Vec<u16>>,
+    /// Keys (`namespace/name`) of the WORKLOAD_SELECTOR authorization policies that select
+    /// this workload (the workload API's `authorization_policies`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub authorization_policies: Vec<String>,
 }
 
 /// A port of a service and the workload port it maps to.
@@ -73,6 +79,9 @@ pub struct MeshConfig {
     /// Every service of the mesh.
     #[serde(default)]
     pub services: Vec<MeshService>,
+    /// The L4 authorization policies ([`crate::authz`]) node proxies enforce.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<crate::authz::Policy>,
 }
 
 /// Why a mesh file could not be loaded ([`MeshConfig::load`]).
@@ -159,8 +168,8 @@ impl MeshService {
 // === impl MeshConfig ===
 
 impl MeshConfig {
-    /// Reads a mesh from a JSON file (the serde form of this type: `workloads` and
-    /// `services`), as a node proxy or gateway without a control plane is fed.
+    /// Reads a mesh from a JSON file (the serde form of this type: `workloads`, `services`
+    /// and `policies`), as a node proxy or gateway without a control plane is fed.
     ///
     /// # Errors
     ///
@@ -188,6 +197,7 @@ pub struct MeshIndex {
     workloads: HashMap<IpAddr, (Workload, SpiffeId)>,
     by_name: HashMap<(String, String), MeshService>,
     by_host: HashMap<String, MeshService>,
+    policies: PolicySet,
     hbone_port: u16,
 }
 
@@ -212,6 +222,7 @@ impl MeshIndex {
             workloads,
             by_name,
             by_host,
+            policies: mesh.policies.iter().cloned().collect(),
             hbone_port: meshkit_hbone::HBONE_PORT,
         }
     }
@@ -236,6 +247,23 @@ impl MeshIndex {
             .values()
             .filter(move |(w, _)| w.node == node)
             .map(|(w, id)| (w, id))
+    }
+
+    /// The authorization policies of the mesh.
+    pub fn policies(&self) -> &PolicySet {
+        &self.policies
+    }
+
+    /// Decides `conn` to the workload `target` by the policies that apply to it (its
+    /// namespace's, the global ones, and those it names).
+    pub fn authorize<'a>(&'a self, target: &Workload, conn: &Connection<'_>) -> Evaluation<'a> {
+        self.policies.evaluate(
+            Target {
+                namespace: &target.namespace,
+                policies: &target.authorization_policies,
+            },
+            conn,
+        )
     }
 
     /// The service `name` in `namespace`.

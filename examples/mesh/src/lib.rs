@@ -2,9 +2,12 @@
 //! types built on it, and the index of workloads and services that the node proxy and the
 //! gateway look destinations up in.
 //!
-//! - [`proto`]: `istio.workload` (`Address`, `Workload`, `Service`, ...) generated from
-//!   `proto/workload.proto` with upstream package name and field numbers (prost-build and
-//!   protox, checked in; a test fails when it is stale).
+//! - [`proto`]: `istio.workload` (`Address`, `Workload`, `Service`, ...) and
+//!   `istio.security` (`Authorization`) generated from `proto/` with the upstream package
+//!   names and field numbers (prost-build and protox, checked in; a test fails when it is
+//!   stale).
+//! - [`authz`]: ztunnel's L4 authorization as a pure evaluator: policies and the facts of one
+//!   connection in, a [`Decision`](authz::Decision) and the deciding policy out.
 //! - [`resources`]: [`AddressResource`](resources::AddressResource) and the Ingress resource
 //!   types, as meshkit-xds-client [`Resource`](meshkit_xds_client::Resource)s.
 //! - [`MeshConfig`] and [`MeshIndex`]: the data plane's view (workloads, services, endpoints),
@@ -37,16 +40,29 @@
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod authz;
+mod cidr;
 pub mod feed;
 mod index;
 pub mod resources;
 
-/// Istio's workload API, `istio.workload`, generated from `proto/workload.proto`.
-#[allow(missing_docs, unreachable_pub, clippy::all)]
+/// Istio's workload and L4 authorization APIs, generated from `proto/`.
 pub mod proto {
-    include!("generated/istio.workload.rs");
+    /// `istio.workload`: workloads and services (`Address`), from `proto/workload.proto`.
+    #[allow(missing_docs, unreachable_pub, clippy::all)]
+    pub mod workload {
+        include!("generated/istio.workload.rs");
+    }
+
+    /// `istio.security`: L4 authorization policies (`Authorization`), from
+    /// `proto/authorization.proto`.
+    #[allow(missing_docs, unreachable_pub, clippy::all)]
+    pub mod security {
+        include!("generated/istio.security.rs");
+    }
 }
 
+pub use cidr::{Cidr, CidrError};
 pub use index::{
     Endpoint, MeshConfig, MeshFileError, MeshIndex, MeshService, ServicePort, Workload,
 };

@@ -1,17 +1,25 @@
 //! The xDS resource types the control plane serves beyond Envoy's, and their type URLs.
 //!
-//! [`AddressResource`], [`IngressResource`] and [`IngressClassResource`] implement
-//! meshkit-xds-client's [`Resource`] trait, so a node proxy can
-//! `watch_all::<AddressResource>()` and a gateway `watch_all::<IngressResource>()`.
+//! [`AddressResource`], [`AuthorizationResource`], [`IngressResource`] and
+//! [`IngressClassResource`] implement meshkit-xds-client's [`Resource`] trait, so a node proxy
+//! can `watch_all::<AddressResource>()` and `watch_all::<AuthorizationResource>()`, and a
+//! gateway `watch_all::<IngressResource>()`.
 
 use meshkit_ingress_model::{Ingress, IngressClass};
 use meshkit_xds_client::{InvalidResource, Resource};
 use prost::Message;
 
-use crate::proto::{Address, address};
+use std::sync::Arc;
+
+use crate::authz::Policy;
+use crate::proto::security::Authorization;
+use crate::proto::workload::{Address, address};
 
 /// Type URL of the workload API's `Address` resources.
 pub const ADDRESS_TYPE_URL: &str = "type.googleapis.com/istio.workload.Address";
+
+/// Type URL of the L4 authorization policies, `istio.security.Authorization`.
+pub const AUTHORIZATION_TYPE_URL: &str = "type.googleapis.com/istio.security.Authorization";
 
 /// Type URL under which Ingress objects are served (the generated protobuf type).
 pub const INGRESS_TYPE_URL: &str = "type.googleapis.com/k8s.io.api.networking.v1.Ingress";
@@ -27,6 +35,16 @@ pub struct AddressResource {
     pub name: String,
     /// The address.
     pub address: Address,
+}
+
+/// An authorization policy with its xDS name, `namespace/name`, checked on receipt: a
+/// policy that is not a valid [`Policy`] is refused (NACKed) whole.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthorizationResource {
+    /// The xDS name.
+    pub name: String,
+    /// The policy.
+    pub policy: Arc<Policy>,
 }
 
 /// An Ingress with its xDS name, `namespace/name`.
@@ -88,6 +106,36 @@ impl Resource for AddressResource {
                     )));
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+// === impl AuthorizationResource ===
+
+impl Resource for AuthorizationResource {
+    const TYPE_URL: &'static str = AUTHORIZATION_TYPE_URL;
+    // meshkit's control plane sends every policy in each SotW response.
+    const ALL_RESOURCES_REQUIRED_IN_SOTW: bool = true;
+
+    fn decode(bytes: &[u8]) -> Result<Self, InvalidResource> {
+        let proto = Authorization::decode(bytes)?;
+        let policy = Policy::try_from(&proto).map_err(|e| {
+            InvalidResource::new(format!("policy {}/{}: {e}", proto.namespace, proto.name))
+        })?;
+        Ok(Self {
+            name: policy.key(),
+            policy: Arc::new(policy),
+        })
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn validate(&self) -> Result<(), InvalidResource> {
+        if self.policy.name.is_empty() {
+            return Err(InvalidResource::new("policy name is empty"));
         }
         Ok(())
     }

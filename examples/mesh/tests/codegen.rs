@@ -1,16 +1,22 @@
-//! Regenerates `src/generated/` from `proto/workload.proto` and fails when the
-//! checked-in copy is stale. Refresh with
+//! Regenerates `src/generated/` from `proto/workload.proto` and `proto/authorization.proto`,
+//! and fails when the checked-in copy is stale. Refresh with
 //! `MESHKIT_REGENERATE=1 cargo test -p meshkit-mesh --test codegen`.
 
 use std::path::{Path, PathBuf};
+
+/// The generated files, one per package.
+const FILES: [&str; 2] = ["istio.workload.rs", "istio.security.rs"];
 
 fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn generate(out_dir: &Path) {
-    let fds = protox::compile(["workload.proto"], [crate_dir().join("proto")])
-        .expect("compile workload.proto");
+    let fds = protox::compile(
+        ["workload.proto", "authorization.proto"],
+        [crate_dir().join("proto")],
+    )
+    .expect("compile the .proto files");
     let mut config = prost_build::Config::new();
     config.out_dir(out_dir);
     // Deterministic encoding of `Workload.services`, so content hashes are stable.
@@ -28,13 +34,19 @@ fn checked_in_code_matches_proto() {
     let tmp = std::env::temp_dir().join(format!("meshkit-workload-codegen-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("create temp dir");
     generate(&tmp);
-    let fresh = std::fs::read_to_string(tmp.join("istio.workload.rs")).expect("fresh code");
+    let stale: Vec<&str> = FILES
+        .iter()
+        .copied()
+        .filter(|file| {
+            let fresh = std::fs::read_to_string(tmp.join(file)).expect("fresh code");
+            let current = std::fs::read_to_string(checked_in.join(file)).expect("checked-in code");
+            fresh != current
+        })
+        .collect();
     let _ = std::fs::remove_dir_all(&tmp);
-    let current =
-        std::fs::read_to_string(checked_in.join("istio.workload.rs")).expect("checked-in code");
     assert!(
-        fresh == current,
-        "src/generated/istio.workload.rs is stale; run \
+        stale.is_empty(),
+        "src/generated/{stale:?} are stale; run \
          `MESHKIT_REGENERATE=1 cargo test -p meshkit-mesh --test codegen`"
     );
 }

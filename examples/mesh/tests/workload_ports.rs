@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use meshkit_identity::TrustDomain;
 use meshkit_mesh::feed::mesh_config;
-use meshkit_mesh::proto::{Address, Port, PortList, Service, Workload, address};
+use meshkit_mesh::proto::workload::{Address, Port, PortList, Service, Workload, address};
 use meshkit_mesh::resources::AddressResource;
 
 fn workload(name: &str, ip: [u8; 4], services: &[(&str, &[(u32, u32)])]) -> AddressResource {
@@ -18,6 +18,7 @@ fn workload(name: &str, ip: [u8; 4], services: &[(&str, &[(u32, u32)])]) -> Addr
                 .map(|&(service_port, target_port)| Port {
                     service_port,
                     target_port,
+                    ..Default::default()
                 })
                 .collect();
             ((*key).to_owned(), PortList { ports })
@@ -51,6 +52,7 @@ fn service(hostname: &str, ports: &[(u32, u32)]) -> AddressResource {
             .map(|&(service_port, target_port)| Port {
                 service_port,
                 target_port,
+                ..Default::default()
             })
             .collect(),
         ..Default::default()

@@ -112,13 +112,20 @@ impl InboundState {
     }
 }
 
-/// Decides one CONNECT: the peer is admitted, the target is not one of the node proxy's own
-/// listeners, it is a workload of this node, it is the workload whose certificate the peer
-/// verified (the destination IP of the connection), and the port is one the workload serves
-/// ([`Workload::serves_port`](meshkit_mesh::Workload::serves_port)). Anything else is 403.
+/// Decides one CONNECT:
+///
+/// - the `:authority` IP is the destination IP the connection arrived on (the workload whose
+///   certificate the peer verified); 400 otherwise, as ztunnel answers;
+/// - the local [`InboundPolicy`] admits the peer, the target is not one of the node proxy's
+///   own listeners, it is a workload of this node, and the port is one the workload serves
+///   ([`Workload::serves_port`](meshkit_mesh::Workload::serves_port)); 403 otherwise;
+/// - the mesh's authorization policies allow the connection
+///   ([`MeshIndex::authorize`](meshkit_mesh::MeshIndex::authorize), ztunnel's rules); 401
+///   otherwise. What the dry-run policies would have decided is logged.
+///
 /// Then the target is dialled (503 when it refuses, 504 when the connect timeout passes) and
-/// the bytes copied both ways. An accepted tunnel lives as long as the policy admits its
-/// peer: a policy change that refuses the peer closes it.
+/// the bytes copied both ways. An accepted tunnel lives as long as both policies admit it: a
+/// change of either that refuses it closes it.
 ///
 /// Everything runs in a span per tunnel, with the `traceparent` the CONNECT carried.
 pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decision {
@@ -208,6 +215,12 @@ async fn decide_in(
         telemetry.refused(record, FLAG_DENY);
         Decision::refuse(StatusCode::FORBIDDEN)
     };
+    if req.target.ip() != req.destination.ip() {
+        tracing::info!(peer = %req.peer, target = %req.target, destination = %req.destination, "inbound CONNECT names another address than the one it arrived on");
+        telemetry.denied("wrong_destination");
+        telemetry.refused(record, FLAG_DENY);
+        return Decision::refuse(StatusCode::BAD_REQUEST);
+    }
     let mut policy = state.policy.subscribe();
     let refusal = policy.borrow_and_update().refusal(&req.peer);
     if let Some(reason) = refusal {
@@ -222,9 +235,7 @@ async fn decide_in(
         let index = state.index.borrow();
         match index.workload(req.target.ip()) {
             Some((w, _)) if w.node == state.node => {
-                if req.target.ip() != req.destination.ip() {
-                    Some("wrong_destination")
-                } else if !w.serves_port(req.target.port()) {
+                if !w.serves_port(req.target.port()) {
                     Some("port_not_served")
                 } else {
                     None
@@ -236,6 +247,18 @@ async fn decide_in(
     if let Some(reason) = not_local {
         tracing::info!(peer = %req.peer, target = %req.target, reason, "inbound target is not a local workload");
         return deny(reason, record);
+    }
+    let facts = Facts {
+        source: record.source_addr,
+        target: req.target,
+        peer: req.peer.clone(),
+    };
+    let mut mesh = state.index.clone();
+    if let Some(denial) = facts.denial(&mesh.borrow_and_update()) {
+        tracing::info!(peer = %req.peer, source = %facts.source, target = %req.target, %denial, "inbound denied by authorization policy");
+        telemetry.denied("authorization_policy");
+        telemetry.refused(record, FLAG_DENY);
+        return Decision::refuse(StatusCode::UNAUTHORIZED);
     }
     tracing::debug!(peer = %req.peer, source = %req.source, target = %req.target, "inbound tunnel");
     let (peer, target) = (req.peer.clone(), req.target);
@@ -269,7 +292,10 @@ async fn decide_in(
             // before the copy (and with it the tunnel) is dropped.
             let reset = tunnel.reset_reason();
             let revoked = async {
-                refused(&mut policy, &peer).await;
+                tokio::select! {
+                    () = refused(&mut policy, &peer) => {}
+                    () = facts.revoked(&mut mesh) => {}
+                }
                 reset.set(Reason::CONNECT_ERROR);
             };
             tokio::select! {
@@ -286,7 +312,7 @@ async fn decide_in(
                     }
                 },
                 () = revoked => {
-                    tracing::info!(%peer, %target, "closing inbound tunnel: the policy no longer admits its peer");
+                    tracing::info!(%peer, %target, "closing inbound tunnel: a policy no longer admits it");
                     telemetry.denied("policy_changed");
                     // The copy is dropped with its counts: the bytes are not known.
                     open.finish(Bytes::default(), FLAG_DENY);
@@ -302,6 +328,53 @@ fn bytes(copied: meshkit_hbone::Copied) -> Bytes {
     Bytes {
         received: copied.from_tunnel,
         sent: copied.to_tunnel,
+    }
+}
+
+/// What the mesh's authorization policies decide a tunnel by.
+struct Facts {
+    /// The client: the original one the CONNECT names when verified, else the HBONE peer.
+    source: SocketAddr,
+    target: SocketAddr,
+    peer: SpiffeId,
+}
+
+impl Facts {
+    /// Why the mesh's policies deny the tunnel (the deciding policy), if they do; logs what the
+    /// dry-run policies would decide.
+    fn denial(&self, view: &MeshView) -> Option<String> {
+        let (workload, _) = view.workload(self.target.ip())?;
+        let conn = meshkit_mesh::authz::Connection {
+            source: self.source,
+            destination: self.target,
+            identity: Some(&self.peer),
+        };
+        let evaluation = view.authorize(workload, &conn);
+        if let Some(dry_run) = evaluation.dry_run {
+            tracing::info!(
+                peer = %self.peer,
+                target = %self.target,
+                decision = %evaluation.decision,
+                dry_run = %dry_run,
+                "dry-run authorization policies evaluated",
+            );
+        }
+        (!evaluation.decision.is_allowed()).then(|| evaluation.decision.to_string())
+    }
+
+    /// Completes when a mesh update makes the policies deny the tunnel; never if the mesh can
+    /// no longer change.
+    async fn revoked(&self, mesh: &mut watch::Receiver<Arc<MeshView>>) {
+        loop {
+            if mesh.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let view = mesh.borrow_and_update().clone();
+            if let Some(denial) = self.denial(&view) {
+                tracing::info!(peer = %self.peer, target = %self.target, %denial, "authorization policy change denies an open tunnel");
+                return;
+            }
+        }
     }
 }
 

@@ -65,7 +65,9 @@ impl Node {
         tokio::spawn(echo_app(TcpListener::bind(echo).await.unwrap()));
         tokio::spawn(firehose_app(TcpListener::bind(firehose).await.unwrap()));
         let mesh = MeshConfig {
+            policies: Vec::new(),
             workloads: vec![Workload {
+                authorization_policies: Vec::new(),
                 name: "app".into(),
                 namespace: "shop".into(),
                 service_account: "app".into(),

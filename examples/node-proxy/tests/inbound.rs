@@ -13,7 +13,7 @@ use meshkit_identity::{
     TrustDomain,
 };
 use meshkit_mesh::feed::mesh_config;
-use meshkit_mesh::proto::{Address, Port, PortList, Service, address};
+use meshkit_mesh::proto::workload::{Address, Port, PortList, Service, address};
 use meshkit_mesh::resources::AddressResource;
 use meshkit_mesh::{MeshConfig, Workload};
 use meshkit_node_proxy::{NodeProxy, NodeProxyConfig, OutboundListener};
@@ -71,11 +71,12 @@ fn xds_mesh(addr: IpAddr, target: u16) -> MeshConfig {
         ports: vec![Port {
             service_port: 80,
             target_port: u32::from(target),
+            ..Default::default()
         }],
         ..Default::default()
     };
     let IpAddr::V4(v4) = addr else { unreachable!() };
-    let workload = meshkit_mesh::proto::Workload {
+    let workload = meshkit_mesh::proto::workload::Workload {
         uid: "Kubernetes/networking.istio.io/WorkloadEntry/shop/web-1".into(),
         name: "web-1".into(),
         namespace: "shop".into(),
@@ -88,6 +89,7 @@ fn xds_mesh(addr: IpAddr, target: u16) -> MeshConfig {
                 ports: vec![Port {
                     service_port: 80,
                     target_port: u32::from(target),
+                    ..Default::default()
                 }],
             },
         )]),
@@ -225,6 +227,7 @@ async fn the_node_proxys_own_listeners_are_refused_even_where_any_port_is_allowe
             80,
         ));
     let mesh = MeshConfig {
+        policies: Vec::new(),
         workloads: vec![file_workload("web-1", "web", addr)],
         services: Vec::new(),
     };
@@ -254,6 +257,7 @@ async fn a_reserved_wildcard_address_is_refused_on_every_workload_address() {
         .with_hbone_port(HBONE)
         .with_reserved(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), app));
     let mesh = MeshConfig {
+        policies: Vec::new(),
         workloads: vec![file_workload("web-1", "web", addr)],
         services: Vec::new(),
     };
@@ -303,6 +307,7 @@ async fn a_silent_ca_does_not_hold_up_mesh_updates() {
     let bundles = ca.inner.bundle_set();
     let config = NodeProxyConfig::new(NODE, td()).with_hbone_port(HBONE);
     let mesh = |workloads: Vec<Workload>| MeshConfig {
+        policies: Vec::new(),
         workloads,
         services: Vec::new(),
     };
@@ -357,6 +362,7 @@ async fn start_returns_when_the_ca_stays_silent() {
     let mut config = NodeProxyConfig::new(NODE, td()).with_hbone_port(HBONE);
     config.startup_timeout = Duration::from_millis(500);
     let mesh = MeshConfig {
+        policies: Vec::new(),
         workloads: vec![file_workload("slow-1", "slow", slow)],
         services: Vec::new(),
     };

@@ -157,7 +157,9 @@ async fn start_inner(
             key_pem: cert.signing_key.serialize_pem(),
         }],
         mesh: MeshConfig {
+            policies: Vec::new(),
             workloads: vec![Workload {
+                authorization_policies: Vec::new(),
                 name: "web-1".into(),
                 namespace: "shop".into(),
                 service_account: "web".into(),

@@ -155,7 +155,7 @@ async fn run(args: Args, filter: LogFilter) -> Result<(), CliError> {
         .map_err(|e| format!("--trust-domain {:?}: {e}", args.trust_domain))?;
     let bundles = load_bundle(&args.ca_root, &td)?;
     let channel = args.control_plane.ca_channel(&args.ca, &args.ca_root)?;
-    let mut ca = IstioCaClient::new(channel);
+    let mut ca = IstioCaClient::new(channel).with_impersonated_identity(true);
     if let Some(token) = args
         .control_plane
         .ca_token(args.ca_token.as_deref(), &args.ca)?

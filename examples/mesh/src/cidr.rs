@@ -1,4 +1,4 @@
-//! Address ranges, for [`GatewaySettings::trusted_proxies`](crate::GatewaySettings).
+//! Address ranges: the IP blocks of authorization policies, a gateway's trusted proxies.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -44,6 +44,16 @@ impl Cidr {
             network: mask(addr, prefix),
             prefix,
         })
+    }
+
+    /// The first address of the range.
+    pub fn network(&self) -> IpAddr {
+        self.network
+    }
+
+    /// The prefix length.
+    pub fn prefix(&self) -> u8 {
+        self.prefix
     }
 
     /// Whether `addr` is in the range. An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) counts
@@ -99,6 +109,19 @@ impl FromStr for Cidr {
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+impl serde::Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 

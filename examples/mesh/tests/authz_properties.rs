@@ -1,0 +1,258 @@
+//! `PolicySet::evaluate` against the literal reference (`authz::reference`) on generated
+//! policy sets and connections, and the protobuf form of policies: a valid policy survives the
+//! round trip, and no byte string panics the decoder.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use meshkit_identity::SpiffeId;
+use meshkit_mesh::Cidr;
+use meshkit_mesh::authz::reference::{self, Outcome};
+use meshkit_mesh::authz::{
+    Action, Clause, Connection, Decision, Match, Policy, PolicySet, Rule, Scope, ServiceAccount,
+    StringMatch, Target,
+};
+use meshkit_mesh::proto::security::Authorization;
+use meshkit_mesh::resources::AuthorizationResource;
+use meshkit_xds_client::Resource;
+use proptest::prelude::*;
+use prost::Message;
+
+// A small world, so that generated policies and connections meet often.
+const NAMESPACES: [&str; 3] = ["shop", "edge", ""];
+const ACCOUNTS: [&str; 2] = ["web", "gateway"];
+const PORTS: [u16; 3] = [80, 8080, 9090];
+
+fn namespace() -> impl Strategy<Value = String> {
+    prop::sample::select(&NAMESPACES[..]).prop_map(str::to_owned)
+}
+
+fn string_match() -> impl Strategy<Value = StringMatch> {
+    prop_oneof![
+        prop::sample::select(vec!["shop", "edge", "", "cluster.local/ns/shop/sa/web"])
+            .prop_map(|s| StringMatch::Exact(s.to_owned())),
+        prop::sample::select(vec!["sh", "cluster.local/ns/", "e"])
+            .prop_map(|s| StringMatch::Prefix(s.to_owned())),
+        prop::sample::select(vec!["op", "/sa/gateway", "web"])
+            .prop_map(|s| StringMatch::Suffix(s.to_owned())),
+        Just(StringMatch::Presence),
+    ]
+}
+
+fn account() -> impl Strategy<Value = ServiceAccount> {
+    (namespace(), prop::sample::select(&ACCOUNTS[..])).prop_map(|(namespace, name)| {
+        ServiceAccount {
+            namespace,
+            name: name.to_owned(),
+        }
+    })
+}
+
+fn cidr() -> impl Strategy<Value = Cidr> {
+    (0u8..4, prop::sample::select(vec![8u8, 24, 32]))
+        .prop_map(|(host, prefix)| Cidr::new(IpAddr::from([10, 0, 0, host]), prefix).unwrap())
+}
+
+fn list<T: std::fmt::Debug>(s: impl Strategy<Value = T>) -> impl Strategy<Value = Vec<T>> {
+    prop::collection::vec(s, 0..2)
+}
+
+fn a_match() -> impl Strategy<Value = Match> {
+    (
+        (list(string_match()), list(string_match())),
+        (list(account()), list(account())),
+        (list(string_match()), list(string_match())),
+        (list(cidr()), list(cidr())),
+        (list(cidr()), list(cidr())),
+        (
+            list(prop::sample::select(&PORTS[..])),
+            list(prop::sample::select(&PORTS[..])),
+        ),
+    )
+        .prop_map(|(ns, sa, pr, src, dst, ports)| Match {
+            namespaces: ns.0,
+            not_namespaces: ns.1,
+            service_accounts: sa.0,
+            not_service_accounts: sa.1,
+            principals: pr.0,
+            not_principals: pr.1,
+            source_ips: src.0,
+            not_source_ips: src.1,
+            destination_ips: dst.0,
+            not_destination_ips: dst.1,
+            destination_ports: ports.0,
+            not_destination_ports: ports.1,
+        })
+}
+
+fn rule() -> impl Strategy<Value = Rule> {
+    prop::collection::vec(
+        prop::collection::vec(a_match(), 0..3).prop_map(|matches| Clause { matches }),
+        0..3,
+    )
+    .prop_map(|clauses| Rule { clauses })
+}
+
+fn policy(index: usize) -> impl Strategy<Value = Policy> {
+    (
+        namespace(),
+        prop::sample::select(vec![
+            Scope::Global,
+            Scope::Namespace,
+            Scope::WorkloadSelector,
+        ]),
+        prop::sample::select(vec![Action::Allow, Action::Deny]),
+        prop::collection::vec(rule(), 0..3),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(move |(namespace, scope, action, rules, dry_run)| Policy {
+            name: format!("p{index}"),
+            namespace,
+            scope,
+            action,
+            rules,
+            dry_run,
+        })
+}
+
+fn policies() -> impl Strategy<Value = Vec<Policy>> {
+    (0usize..6).prop_flat_map(|n| (0..n).map(policy).collect::<Vec<_>>())
+}
+
+/// A connection's facts: source host, destination host and port, and the identity (none, an
+/// Istio one, or one whose path names no namespace).
+fn facts() -> impl Strategy<Value = (u8, u8, u16, Option<String>)> {
+    (
+        0u8..4,
+        0u8..4,
+        prop::sample::select(&PORTS[..]),
+        prop_oneof![
+            Just(None),
+            (namespace(), prop::sample::select(&ACCOUNTS[..])).prop_map(|(ns, sa)| {
+                let ns = if ns.is_empty() { "x".to_owned() } else { ns };
+                Some(format!("spiffe://cluster.local/ns/{ns}/sa/{sa}"))
+            }),
+            Just(Some("spiffe://cluster.local/job/nightly".to_owned())),
+        ],
+    )
+}
+
+fn outcome(decision: &Decision<'_>) -> Outcome {
+    match decision {
+        Decision::AllowedByDefault => Outcome::AllowedByDefault,
+        Decision::Allowed(_) => Outcome::Allowed,
+        Decision::Denied(_) => Outcome::Denied,
+        Decision::NotAllowed => Outcome::NotAllowed,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn the_evaluator_decides_as_the_reference(
+        policies in policies(),
+        target_namespace in namespace(),
+        named in prop::collection::vec(0usize..6, 0..3),
+        (src, dst, port, id) in facts(),
+    ) {
+        let set: PolicySet = policies.iter().cloned().collect();
+        let named: Vec<String> = named.iter().map(|i| {
+            policies.get(*i).map_or_else(|| format!("absent/p{i}"), Policy::key)
+        }).collect();
+        let target = Target { namespace: &target_namespace, policies: &named };
+        let id = id.map(|s| SpiffeId::new(&s).unwrap());
+        let conn = Connection {
+            source: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, src)), 40000),
+            destination: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, dst)), port),
+            identity: id.as_ref(),
+        };
+        let evaluation = set.evaluate(target, &conn);
+        prop_assert_eq!(
+            outcome(&evaluation.decision),
+            reference::decide(&policies, target, &conn, false)
+        );
+        // The deciding policy applies, is enforced, has the decision's action and matches.
+        if let Some(p) = evaluation.decision.policy() {
+            prop_assert!(reference::applies(p, target) && !p.dry_run);
+            prop_assert!(reference::policy_matches(p, &conn));
+            let action = if evaluation.decision.is_allowed() { Action::Allow } else { Action::Deny };
+            prop_assert_eq!(p.action, action);
+        }
+        let any_dry_run = policies.iter().any(|p| p.dry_run && reference::applies(p, target));
+        prop_assert_eq!(evaluation.dry_run.is_some(), any_dry_run);
+        if let Some(dry_run) = evaluation.dry_run {
+            prop_assert_eq!(outcome(&dry_run), reference::decide(&policies, target, &conn, true));
+        }
+    }
+
+    #[test]
+    fn a_policy_survives_the_protobuf_round_trip(p in policy(0)) {
+        let wire = Authorization::from(&p).encode_to_vec();
+        let back = AuthorizationResource::decode(&wire).unwrap();
+        prop_assert_eq!(&*back.policy, &p);
+        prop_assert_eq!(back.name, p.key());
+    }
+
+    #[test]
+    fn no_byte_string_panics_the_decoder(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = AuthorizationResource::decode(&bytes);
+    }
+}
+
+#[test]
+fn invalid_policies_are_refused_with_the_rule_that_is_wrong() {
+    use meshkit_mesh::proto::security::{self as pb, string_match::MatchType};
+    let with_match = |m: pb::Match| pb::Authorization {
+        name: "p".into(),
+        namespace: "shop".into(),
+        rules: vec![pb::Rule {
+            clauses: vec![pb::Clause { matches: vec![m] }],
+        }],
+        ..Default::default()
+    };
+    let refused = |a: pb::Authorization| {
+        AuthorizationResource::decode(&a.encode_to_vec())
+            .unwrap_err()
+            .to_string()
+    };
+    let bad_address = with_match(pb::Match {
+        source_ips: vec![pb::Address {
+            address: vec![10, 0, 0],
+            length: 8,
+        }],
+        ..Default::default()
+    });
+    assert!(refused(bad_address).contains("rule 0: address of 3 bytes"));
+    let long_prefix = with_match(pb::Match {
+        destination_ips: vec![pb::Address {
+            address: vec![10, 0, 0, 1],
+            length: 33,
+        }],
+        ..Default::default()
+    });
+    assert!(refused(long_prefix).contains("prefix length 33"));
+    let port = with_match(pb::Match {
+        destination_ports: vec![70000],
+        ..Default::default()
+    });
+    assert!(refused(port).contains("port 70000 is above 65535"));
+    let empty = with_match(pb::Match {
+        principals: vec![pb::StringMatch { match_type: None }],
+        ..Default::default()
+    });
+    assert!(refused(empty).contains("a string match has no pattern"));
+    let scope = pb::Authorization {
+        name: "p".into(),
+        scope: 7,
+        ..Default::default()
+    };
+    assert!(refused(scope).contains("scope 7"));
+    // A valid one decodes.
+    let ok = with_match(pb::Match {
+        principals: vec![pb::StringMatch {
+            match_type: Some(MatchType::Presence(())),
+        }],
+        ..Default::default()
+    });
+    assert!(AuthorizationResource::decode(&ok.encode_to_vec()).is_ok());
+}
