@@ -415,7 +415,7 @@ impl TokenSigner {
                     Status::unauthenticated("a bearer token is required"),
                 )
             })?;
-        if self.grants.patterns(token).is_none() {
+        if !self.grants.knows(token) {
             return Err((
                 CaRefusal::Unauthenticated,
                 Status::unauthenticated("unknown bootstrap token"),
@@ -840,5 +840,64 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshkit_identity::TrustDomain;
+    use meshkit_identity::istio::IMPERSONATED_IDENTITY;
+
+    fn signer() -> TokenSigner {
+        let td = TrustDomain::new("cluster.local").unwrap();
+        let grants = TokenGrants::parse("node-token node=node-a\n").unwrap();
+        let mut nodes = NodeIdentities::new();
+        nodes.insert("node-a", SpiffeId::from_istio(&td, "shop", "web").unwrap());
+        let (_tx, rx) = watch::channel(Arc::new(nodes));
+        TokenSigner::new(CaSigner::generate(td).unwrap(), grants).with_node_identities(rx)
+    }
+
+    fn request(csr_for: &str, named: prost_types::value::Kind) -> IstioCertificateRequest {
+        let id: SpiffeId = csr_for.parse().unwrap();
+        let (csr, _key) = meshkit_identity::generate_csr(&id).unwrap();
+        IstioCertificateRequest {
+            csr,
+            validity_duration: 3600,
+            metadata: Some(prost_types::Struct {
+                fields: [(
+                    IMPERSONATED_IDENTITY.to_owned(),
+                    prost_types::Value { kind: Some(named) },
+                )]
+                .into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn the_impersonated_identity_must_be_the_csrs_and_a_string() {
+        use prost_types::value::Kind;
+        let signer = signer();
+        let web = "spiffe://cluster.local/ns/shop/sa/web";
+        let ok = request(web, Kind::StringValue(web.to_owned()));
+        let issued = signer.decide(Some("Bearer node-token"), &ok);
+        assert!(issued.is_ok(), "{issued:?}");
+        let other = request(
+            web,
+            Kind::StringValue("spiffe://cluster.local/ns/shop/sa/api".into()),
+        );
+        let status = signer
+            .decide(Some("Bearer node-token"), &other)
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(
+            status.message().contains("but the CSR asks for"),
+            "{status}"
+        );
+        let number = request(web, Kind::NumberValue(1.0));
+        let status = signer
+            .decide(Some("Bearer node-token"), &number)
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
     }
 }

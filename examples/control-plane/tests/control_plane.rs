@@ -1209,3 +1209,57 @@ async fn connections_per_source_are_limited_on_ads_and_the_ca() {
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_credential_obtains_certificates_only_for_the_workloads_on_its_node() {
+    let (cp, dir) = start_scoped("impersonation").await;
+    let hour = Duration::from_secs(3600);
+    let id = |s: &str| -> SpiffeId { format!("spiffe://cluster.local/{s}").parse().expect("id") };
+    let impersonating = |token: &str| {
+        IstioCaClient::new(cp.ca_channel().expect("CA channel"))
+            .with_impersonated_identity(true)
+            .with_bearer_token(token)
+            .expect("token")
+    };
+    let node_a = impersonating(NODE_A_TOKEN);
+    // web-1 and api-1 run on node-a.
+    for on_node in ["ns/shop/sa/web", "ns/shop/sa/api"] {
+        let svid = request_svid(&node_a, &id(on_node), hour)
+            .await
+            .unwrap_or_else(|e| panic!("{on_node}: {e}"));
+        assert_eq!(svid.spiffe_id(), &id(on_node));
+    }
+    // `lonely` runs on node-b: the token's own grant (ns/shop/*) does not count when the
+    // request impersonates.
+    let refused = request_svid(&node_a, &id("ns/shop/sa/lonely"), hour)
+        .await
+        .expect_err("another node's workload");
+    assert!(
+        matches!(refused, CaError::Rejected(ref m)
+            if m.contains("PermissionDenied") && m.contains("no workload on node node-a")),
+        "{refused}"
+    );
+    // node-b's credential obtains it.
+    request_svid(&impersonating(NODE_B_TOKEN), &id("ns/shop/sa/lonely"), hour)
+        .await
+        .expect("lonely is on node-b");
+    // A credential that is not a node proxy's may not impersonate at all.
+    for token in [GATEWAY_TOKEN, CA_ONLY_TOKEN] {
+        let refused = request_svid(&impersonating(token), &id("ns/shop/sa/web"), hour)
+            .await
+            .expect_err("not a node proxy");
+        assert!(
+            matches!(refused, CaError::Rejected(ref m) if m.contains("only a node proxy's credential")),
+            "{token}: {refused}"
+        );
+    }
+    // Without impersonation, the token's grant decides, as before.
+    let plain = IstioCaClient::new(cp.ca_channel().expect("CA channel"))
+        .with_bearer_token(CA_ONLY_TOKEN)
+        .expect("token");
+    request_svid(&plain, &id("ns/shop/sa/web"), hour)
+        .await
+        .expect("granted exactly");
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -40,7 +40,7 @@ use meshkit_identity::{SpiffeId, SvidCache, TrustBundle, TrustBundleSet, TrustDo
 use meshkit_mesh::MeshConfig;
 use meshkit_mesh::feed::mesh_over_xds;
 use meshkit_node_proxy::admin::Registry;
-use meshkit_node_proxy::{NodeProxy, NodeProxyConfig, Telemetry};
+use meshkit_node_proxy::{NodeProxy, NodeProxyConfig, OutboundListener, Telemetry};
 use meshkit_xds_client::ClientConfig as XdsConfig;
 use meshkit_xds_client::envoy::Node;
 use meshkit_xds_client::protocol::Mode;
@@ -64,7 +64,16 @@ pub const SAMPLE_MANIFESTS: &[(&str, &str)] = &[
         include_str!("../manifests/shop-tls-secret.yaml"),
     ),
     ("blog.yaml", include_str!("../manifests/blog.yaml")),
+    (
+        "shop-policy.yaml",
+        include_str!("../manifests/shop-policy.yaml"),
+    ),
 ];
+
+/// The service that each node proxy has an outbound listener for (on loopback, port chosen at
+/// start; [`DemoMesh::outbound_addr`]), so that the demo's workloads can call it through the
+/// mesh and the `shop/api-callers` AuthorizationPolicy decides who may.
+pub const OUTBOUND_SERVICE: (&str, u16) = ("api.shop.svc.cluster.local", 80);
 
 /// The demo's bootstrap tokens (see `manifests/demo-tokens.txt`: the demo's trust model).
 pub const DEMO_TOKENS: &str = include_str!("../manifests/demo-tokens.txt");
@@ -480,6 +489,16 @@ impl DemoMesh {
             .cloned()
     }
 
+    /// Where the node proxy of `node` listens for connections to [`OUTBOUND_SERVICE`]: a
+    /// workload of that node connects there from its own address.
+    pub fn outbound_addr(&self, node: &str) -> Option<SocketAddr> {
+        self.node_proxies
+            .get(node)?
+            .outbound_addrs()
+            .first()
+            .copied()
+    }
+
     /// Stops the node proxy of `node` (its workloads become unreachable through the mesh).
     pub fn stop_node(&mut self, node: &str) {
         if let Some(proxy) = self.node_proxies.remove(node) {
@@ -536,7 +555,13 @@ fn node_proxy_config(
     trust_domain: &TrustDomain,
     telemetry: &Telemetry,
 ) -> NodeProxyConfig {
+    let (service, port) = OUTBOUND_SERVICE;
     NodeProxyConfig::new(node, trust_domain.clone())
+        .with_outbound(OutboundListener::new(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            service,
+            port,
+        ))
         .with_client(meshkit_cli::hbone_client_config())
         .with_telemetry(telemetry.clone())
         .waiting_for_first_mesh()

@@ -154,6 +154,46 @@ fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
             .unwrap_or_else(|| panic!("no scraped figure for {node}:\n{stdout}"));
         assert_eq!(scraped, tunnels, "{node}:\n{stdout}");
     }
+    // L4 authorization: node-a admitted web's tunnel to the API and refused fallback's, as
+    // `shop/api-callers` says, and its own /metrics counted the refusal.
+    let line_of = |start: &str| {
+        stdout
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no line {start:?}:\n{stdout}"))
+            .to_owned()
+    };
+    assert!(
+        line_of("web-2 (shop/sa/web)").contains("allowed, answered by api-1"),
+        "{stdout}"
+    );
+    assert!(
+        line_of("fallback-1 (shop/sa/fallback)").contains("denied ("),
+        "{stdout}"
+    );
+    let api = "127.0.0.13:9090";
+    assert!(
+        count_of(
+            &stdout,
+            &format!("node-a: spiffe://cluster.local/ns/shop/sa/web -> {api}")
+        )
+        .is_some_and(|n| n >= 1),
+        "{stdout}"
+    );
+    assert_eq!(
+        count_of(
+            &stdout,
+            &format!("node-a: spiffe://cluster.local/ns/shop/sa/fallback -> {api}")
+        ),
+        None,
+        "{stdout}"
+    );
+    assert!(
+        line_of("node-a /metrics: meshkit_node_proxy_policy_denials_total")
+            .ends_with("{reason=\"authorization_policy\"} 1"),
+        "{stdout}"
+    );
     // HTTPS with SNI: answered by a web workload.
     let https = stdout
         .lines()

@@ -12,8 +12,8 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::telemetry::{
-    Bytes, ConnRecord, Direction, FLAG_CONNECT, FLAG_NO_HEALTHY_UPSTREAM, FLAG_NO_ROUTE, FLAG_NONE,
-    MeshView, OpenConnection, PeerLabels, ServiceLabels, Telemetry,
+    Bytes, ConnRecord, Direction, FLAG_CONNECT, FLAG_DENY, FLAG_NO_HEALTHY_UPSTREAM, FLAG_NO_ROUTE,
+    FLAG_NONE, MeshView, OpenConnection, PeerLabels, ServiceLabels, Telemetry,
 };
 use crate::trace;
 
@@ -245,6 +245,18 @@ async fn connection(
                         open.finish(bytes(e.copied()), flag);
                     }
                 }
+                return;
+            }
+            Err(e)
+                if e.status().is_some_and(|s| {
+                    s == http::StatusCode::UNAUTHORIZED || s == http::StatusCode::FORBIDDEN
+                }) =>
+            {
+                // The destination's authorization refused this source: a decision about the
+                // caller, not a failed endpoint, so no other endpoint is tried for it.
+                tracing::info!(%source, %service, %destination, error = %e, "the destination refused the tunnel; resetting the connection");
+                telemetry.refused(record, FLAG_DENY);
+                let _ = sock.set_zero_linger();
                 return;
             }
             Err(e) => {

@@ -166,7 +166,7 @@ fn step(n: usize, total: usize, text: &str) {
 }
 
 async fn run(args: Args) -> Result<bool, CliError> {
-    let total = 5;
+    let total = 6;
     let dir = std::env::temp_dir().join(format!("meshkit-demo-{}", std::process::id()));
     write_samples(&dir)?;
     step(
@@ -291,7 +291,14 @@ async fn run(args: Args) -> Result<bool, CliError> {
     };
     all_ok &= https_ok;
 
-    step(5, total, "summary");
+    step(
+        5,
+        total,
+        "L4 authorization: AuthorizationPolicy shop/api-callers lets only the gateway and web call api",
+    );
+    all_ok &= check_policy(&mesh).await;
+
+    step(6, total, "summary");
     let mut lat = tally.latencies.clone();
     lat.sort();
     let pct = |p: f64| {
@@ -361,6 +368,87 @@ async fn run(args: Args) -> Result<bool, CliError> {
     drop(mesh);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(all_ok)
+}
+
+/// Calls the API through node-b's outbound listener from two workloads of node-b: web-2 is
+/// allowed by `shop/api-callers`, fallback-1 is not, so node-a's proxy refuses its tunnel
+/// (401) and node-b resets its connection. The refusal is read back from node-a's `/metrics`.
+async fn check_policy(mesh: &DemoMesh) -> bool {
+    let Some(outbound) = mesh.outbound_addr("node-b") else {
+        println!("      FAILED: node-b has no outbound listener for the API");
+        return false;
+    };
+    let mut ok = true;
+    for (workload, from, allowed) in [
+        ("web-2 (shop/sa/web)", [127, 0, 0, 12], true),
+        ("fallback-1 (shop/sa/fallback)", [127, 0, 0, 14], false),
+    ] {
+        let answer = call_through(std::net::Ipv4Addr::from(from), outbound).await;
+        let (seen, right) = match (&answer, allowed) {
+            (Ok(name), true) => (format!("allowed, answered by {name}"), name == "api-1"),
+            (Ok(name), false) => (format!("answered by {name}"), false),
+            (Err(e), true) => (format!("no answer: {e}"), false),
+            (Err(e), false) => (format!("denied ({e})"), true),
+        };
+        ok &= right;
+        println!(
+            "      {workload:<30} -> api.shop: {seen:<45} {}",
+            if right { "ok" } else { "FAILED" }
+        );
+    }
+    let denials = match meshkit_demo::admin_get(mesh.admin_addrs["node-a"], "/metrics").await {
+        Ok(text) => meshkit_demo::samples(&text, "meshkit_node_proxy_policy_denials_total")
+            .into_iter()
+            .filter(|(labels, _)| {
+                labels.get("reason").map(String::as_str) == Some("authorization_policy")
+            })
+            .map(|(_, n)| n)
+            .sum::<f64>(),
+        Err(e) => {
+            println!("      FAILED to scrape node-a: {e}");
+            return false;
+        }
+    };
+    println!(
+        "      node-a /metrics: meshkit_node_proxy_policy_denials_total{{reason=\"authorization_policy\"}} {denials}"
+    );
+    ok && denials >= 1.0
+}
+
+/// An HTTP/1.1 GET to `to` over a connection from address `from` (a workload's own address,
+/// which is how the node proxy knows who is calling): the answering workload's name.
+async fn call_through(from: std::net::Ipv4Addr, to: SocketAddr) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::from((from, 0)))?;
+        let mut stream = socket.connect(to).await?;
+        stream
+            .write_all(b"GET /policy HTTP/1.1\r\nHost: api.shop.svc.cluster.local\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+        Err(_) => return Err("no answer within 10 s".to_owned()),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+            return Err("connection reset".to_owned());
+        }
+        Ok(Err(e)) => return Err(e.to_string()),
+        Ok(Ok(answer)) => answer,
+    };
+    let text = String::from_utf8_lossy(&answer);
+    let Some((_, body)) = text.split_once("\r\n\r\n") else {
+        return Err(if answer.is_empty() {
+            "closed without an answer".to_owned()
+        } else {
+            "not an HTTP answer".to_owned()
+        });
+    };
+    serde_json::from_str::<EchoReply>(body)
+        .map(|reply| reply.name)
+        .map_err(|e| format!("not an echo reply: {e}"))
 }
 
 /// The summary's figures as Prometheus would scrape them from each part's `/metrics`: the
