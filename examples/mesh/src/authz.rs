@@ -69,7 +69,10 @@ use serde::{Deserialize, Serialize};
 use crate::Cidr;
 use crate::proto::security as pb;
 
+mod compiled;
 pub mod reference;
+
+use compiled::Compiled;
 
 /// One authorization policy: `istio.security.Authorization` in checked form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -278,9 +281,19 @@ pub enum InvalidPolicy {
 /// The policies a node knows, indexed for [`evaluate`](Self::evaluate).
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
-    by_key: HashMap<String, Arc<Policy>>,
-    by_namespace: HashMap<String, Vec<Arc<Policy>>>,
-    global: Vec<Arc<Policy>>,
+    by_key: HashMap<String, Arc<Compiled>>,
+    by_namespace: HashMap<String, Bucket>,
+    global: Bucket,
+}
+
+/// The policies of one scope (a namespace's, or the global ones), split by action, so that a
+/// decision reads each list once and never looks at an action or a scope again.
+#[derive(Debug, Clone, Default)]
+struct Bucket {
+    deny: Vec<Arc<Compiled>>,
+    allow: Vec<Arc<Compiled>>,
+    /// How many of them are dry runs.
+    dry_runs: usize,
 }
 
 // === impl Policy ===
@@ -637,15 +650,18 @@ impl PolicySet {
     pub fn insert(&mut self, policy: Policy) -> Option<Arc<Policy>> {
         let key = policy.key();
         let old = self.remove(&key);
-        let policy = Arc::new(policy);
-        match policy.scope {
-            Scope::Global => self.global.push(policy.clone()),
-            Scope::Namespace => self
-                .by_namespace
-                .entry(policy.namespace.clone())
-                .or_default()
-                .push(policy.clone()),
-            Scope::WorkloadSelector => {}
+        let policy = Arc::new(Compiled::new(Arc::new(policy)));
+        let bucket = match policy.policy.scope {
+            Scope::Global => Some(&mut self.global),
+            Scope::Namespace => Some(
+                self.by_namespace
+                    .entry(policy.policy.namespace.clone())
+                    .or_default(),
+            ),
+            Scope::WorkloadSelector => None,
+        };
+        if let Some(bucket) = bucket {
+            bucket.insert(&policy);
         }
         self.by_key.insert(key, policy);
         old
@@ -654,24 +670,25 @@ impl PolicySet {
     /// Removes the policy with `key` (`namespace/name`); returns it.
     pub fn remove(&mut self, key: &str) -> Option<Arc<Policy>> {
         let old = self.by_key.remove(key)?;
-        match old.scope {
-            Scope::Global => self.global.retain(|p| !Arc::ptr_eq(p, &old)),
+        let namespace = &old.policy.namespace;
+        match old.policy.scope {
+            Scope::Global => self.global.remove(&old),
             Scope::Namespace => {
-                if let Some(list) = self.by_namespace.get_mut(&old.namespace) {
-                    list.retain(|p| !Arc::ptr_eq(p, &old));
-                    if list.is_empty() {
-                        self.by_namespace.remove(&old.namespace);
+                if let Some(bucket) = self.by_namespace.get_mut(namespace) {
+                    bucket.remove(&old);
+                    if bucket.is_empty() {
+                        self.by_namespace.remove(namespace);
                     }
                 }
             }
             Scope::WorkloadSelector => {}
         }
-        Some(old)
+        Some(old.policy.clone())
     }
 
     /// The policy with `key` (`namespace/name`).
     pub fn get(&self, key: &str) -> Option<&Arc<Policy>> {
-        self.by_key.get(key)
+        self.by_key.get(key).map(|c| &c.policy)
     }
 
     /// How many policies the set holds.
@@ -686,60 +703,65 @@ impl PolicySet {
 
     /// Every policy, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Policy>> {
-        self.by_key.values()
+        self.by_key.values().map(|c| &c.policy)
     }
 
     /// Decides `conn` to `target` by the policies that apply to it.
     pub fn evaluate<'p>(&'p self, target: Target<'_>, conn: &Connection<'_>) -> Evaluation<'p> {
         let facts = Facts::of(conn);
-        let decision = self.decide(target, &facts, false);
-        let dry_run = self
-            .applying(target)
-            .any(|p| p.dry_run)
-            .then(|| self.decide(target, &facts, true));
+        let namespaced = self.by_namespace.get(target.namespace);
+        let named = || {
+            target
+                .policies
+                .iter()
+                .filter_map(|key| self.by_key.get(key))
+        };
+        let decision = self.decide(namespaced, named(), &facts, false);
+        let any_dry_run = namespaced.is_some_and(|b| b.dry_runs > 0)
+            || self.global.dry_runs > 0
+            || named().any(|c| c.policy.dry_run);
+        let dry_run = any_dry_run.then(|| self.decide(namespaced, named(), &facts, true));
         Evaluation { decision, dry_run }
     }
 
     /// The policies that apply to `target`: its namespace's, the global ones, and those it
     /// names (keys the set does not hold are skipped).
     pub fn applying<'p>(&'p self, target: Target<'_>) -> impl Iterator<Item = &'p Policy> {
-        let namespaced = self
-            .by_namespace
-            .get(target.namespace)
-            .map_or(&[][..], Vec::as_slice);
-        let named = target
-            .policies
-            .iter()
-            .filter_map(|key| self.by_key.get(key));
-        namespaced
-            .iter()
-            .chain(&self.global)
-            .chain(named)
-            .map(|p| &**p)
+        let namespaced = self.by_namespace.get(target.namespace);
+        let buckets = namespaced.into_iter().chain([&self.global]);
+        buckets
+            .flat_map(|b| b.deny.iter().chain(&b.allow))
+            .chain(
+                target
+                    .policies
+                    .iter()
+                    .filter_map(|key| self.by_key.get(key)),
+            )
+            .map(|c| &*c.policy)
     }
 
     fn decide<'p>(
         &'p self,
-        target: Target<'_>,
+        namespaced: Option<&'p Bucket>,
+        named: impl Iterator<Item = &'p Arc<Compiled>> + Clone,
         facts: &Facts<'_>,
         with_dry_run: bool,
     ) -> Decision<'p> {
-        let counted = |p: &&Policy| with_dry_run || !p.dry_run;
-        if let Some(deny) = self
-            .applying(target)
-            .filter(counted)
-            .find(|p| p.action == Action::Deny && p.matches_facts(facts))
-        {
-            return Decision::Denied(deny);
+        let counted = |c: &&'p Arc<Compiled>| with_dry_run || !c.policy.dry_run;
+        let buckets = || namespaced.into_iter().chain([&self.global]);
+        let denies = buckets()
+            .flat_map(|b| &b.deny)
+            .chain(named.clone().filter(|c| c.policy.action == Action::Deny));
+        if let Some(deny) = denies.filter(counted).find(|c| c.matches(facts)) {
+            return Decision::Denied(&deny.policy);
         }
+        let allows = buckets()
+            .flat_map(|b| &b.allow)
+            .chain(named.filter(|c| c.policy.action == Action::Allow));
         let mut any_allow = false;
-        for allow in self
-            .applying(target)
-            .filter(counted)
-            .filter(|p| p.action == Action::Allow)
-        {
-            if allow.matches_facts(facts) {
-                return Decision::Allowed(allow);
+        for allow in allows.filter(counted) {
+            if allow.matches(facts) {
+                return Decision::Allowed(&allow.policy);
             }
             any_allow = true;
         }
@@ -748,6 +770,31 @@ impl PolicySet {
         } else {
             Decision::AllowedByDefault
         }
+    }
+}
+
+// === impl Bucket ===
+
+impl Bucket {
+    fn insert(&mut self, compiled: &Arc<Compiled>) {
+        match compiled.policy.action {
+            Action::Deny => self.deny.push(compiled.clone()),
+            Action::Allow => self.allow.push(compiled.clone()),
+        }
+        self.dry_runs += usize::from(compiled.policy.dry_run);
+    }
+
+    fn remove(&mut self, compiled: &Arc<Compiled>) {
+        let list = match compiled.policy.action {
+            Action::Deny => &mut self.deny,
+            Action::Allow => &mut self.allow,
+        };
+        list.retain(|c| !Arc::ptr_eq(c, compiled));
+        self.dry_runs -= usize::from(compiled.policy.dry_run);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.deny.is_empty() && self.allow.is_empty()
     }
 }
 
