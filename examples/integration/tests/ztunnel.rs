@@ -445,6 +445,13 @@ fn a_real_ztunnel_joins_the_mesh() {
         format!("mk-app {expected}"),
         "bytes and half-close through both proxies"
     );
+    // meshkit's node proxy read the baggage ztunnel sent with the CONNECT.
+    until("meshkit's access log shows ztunnel's baggage", || {
+        let log = std::fs::read_to_string(dir.join("node-proxy.log")).ok()?;
+        log.lines()
+            .any(|l| l.contains("src_baggage=") && l.contains("k8s.namespace.name=zt"))
+            .then_some(())
+    });
     // ... and ztunnel's certificate came from meshkit's CA for zt-app's identity.
     let certs = ns.run(&ns.z, &["curl", "-s", "http://127.0.0.1:15000/config_dump"]);
     let certs: serde_json::Value = serde_json::from_slice(&certs.stdout).unwrap();

@@ -151,6 +151,7 @@ pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decisio
     }
     let mut record = record(&state.index.borrow(), &req);
     record.trace_id = trace_id.map(str::to_owned);
+    record.baggage = crate::baggage::read(req.headers.get("baggage"));
     decide_in(state, req, record, span.clone())
         .instrument(span)
         .await

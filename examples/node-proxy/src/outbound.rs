@@ -173,6 +173,7 @@ fn plan(
             source_labels,
         ));
     }
+    let baggage = crate::baggage::of(&source_labels);
     let start = next.fetch_add(1, Ordering::Relaxed);
     let targets = (0..endpoints.len())
         .filter_map(|i| endpoints.get(start.wrapping_add(i) % endpoints.len()))
@@ -181,6 +182,10 @@ fn plan(
                 .forwarded_for(source);
             // A traceparent of our own making is always a valid header value.
             let target = target.clone().traceparent(traceparent).unwrap_or(target);
+            let target = match &baggage {
+                Some(b) => target.clone().baggage(b).unwrap_or(target),
+                None => target,
+            };
             let labels = view
                 .peer(ep.address.ip())
                 .cloned()

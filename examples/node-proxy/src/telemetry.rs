@@ -193,6 +193,8 @@ pub(crate) struct ConnRecord {
     pub(crate) destination: Arc<PeerLabels>,
     pub(crate) service: Arc<ServiceLabels>,
     pub(crate) trace_id: Option<String>,
+    /// The members of the peer's `baggage` that were kept (inbound; see [`crate::baggage`]).
+    pub(crate) baggage: Option<Box<str>>,
     pub(crate) start: Instant,
 }
 
@@ -593,7 +595,7 @@ impl Direction {
 
 // === impl PeerLabels ===
 
-const UNKNOWN: &str = "unknown";
+pub(crate) const UNKNOWN: &str = "unknown";
 
 impl PeerLabels {
     /// A workload of the mesh. Its canonical service and revision are Istio's defaults for a
@@ -774,6 +776,7 @@ impl ConnRecord {
             destination: PeerLabels::unknown(),
             service: ServiceLabels::unknown(),
             trace_id: None,
+            baggage: None,
             start: Instant::now(),
         }
     }
@@ -801,7 +804,7 @@ impl ConnRecord {
             .destination_addr
             .map_or_else(|| "-".to_owned(), |a| a.to_string());
         let millis = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
-        format.line(&[
+        let mut fields = vec![
             ("direction", Field::Str(self.direction.as_str())),
             ("src", Field::Str(&src)),
             ("src_identity", Field::Str(&self.source.principal)),
@@ -820,7 +823,11 @@ impl ConnRecord {
                 "trace_id",
                 Field::Str(self.trace_id.as_deref().unwrap_or("-")),
             ),
-        ])
+        ];
+        if let Some(baggage) = &self.baggage {
+            fields.push(("src_baggage", Field::Str(baggage)));
+        }
+        format.line(&fields)
     }
 }
 
