@@ -406,6 +406,7 @@ impl Telemetry {
             },
             "workloads": workloads,
             "services": mesh.services,
+            "authorization_policies": mesh.policies,
             "certificates": certificates,
         })
     }
