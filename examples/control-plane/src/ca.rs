@@ -17,10 +17,12 @@
 //! requests certificates for the workloads on its node, naming each in the request's
 //! `metadata` as `ImpersonatedIdentity`. Such a request is signed only when the token's line
 //! says `node=NAME`, the named identity is the CSR's, and a workload of node `NAME` in the
-//! current manifests has that identity ([`NodeIdentities`]): a node's credential obtains
-//! certificates for the workloads on its own node and for nothing else, whatever identities
-//! the token's line lists. A request without `ImpersonatedIdentity` is checked against the
-//! token's identities as before.
+//! current manifests has that identity ([`NodeIdentities`]). A `node=NAME` token's request
+//! that names none (ztunnel in dedicated mode, asking for its own workload's identity) is
+//! held to the same rule for the CSR's identity: a node's credential obtains certificates for
+//! the workloads on its own node and for nothing else, whatever identities the token's line
+//! lists. Other tokens' requests without `ImpersonatedIdentity` are checked against the
+//! token's identities.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
@@ -447,12 +449,18 @@ impl TokenSigner {
                 )),
             ));
         }
-        match impersonated_identity(request) {
-            None => {}
-            Some(named) => {
-                self.check_impersonation(token, &id, named)?;
-                return self.sign(request, &id);
-            }
+        // A node proxy's credential obtains the identities of its node's workloads and
+        // nothing else, whether or not its request names one (ztunnel in dedicated mode asks
+        // for its own workload's identity without naming it): the identities on its token
+        // line never count.
+        let named = impersonated_identity(request);
+        let is_node = matches!(
+            self.grants.xds_role(token),
+            Some(crate::access::XdsRole::Node(_))
+        );
+        if named.is_some() || is_node {
+            self.check_impersonation(token, &id, named.unwrap_or(Ok(id.as_str())))?;
+            return self.sign(request, &id);
         }
         if !self.grants.allows(token, &id) {
             tracing::warn!(%id, "CA: token may not request this identity");

@@ -25,7 +25,10 @@
 //! - `istio.io/dry-run: "true"` makes a dry-run policy: evaluated and logged, never enforced.
 //! - Values that do not parse (a port that is not a number up to 65535, an IP block that is
 //!   not an address or CIDR range) are errors with their field path, never skipped: skipping
-//!   an entry of a `not` list would widen what the policy lets through.
+//!   an entry of a `not` list would widen what the policy lets through. So are, as Istio's
+//!   validation has it, an empty `source` or `operation`, a `when` without `values` or
+//!   `notValues`, and a field these do not have (a misspelt `principal` would otherwise be
+//!   dropped, and its entry match every connection).
 //!
 //! PeerAuthentication, by the workload's effective mode (the oldest mesh-wide policy in the
 //! root namespace, then the oldest of its namespace, then the oldest selecting it; UNSET
@@ -144,7 +147,7 @@ struct RawLabelSelector {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 struct RawRule {
     from: Vec<RawFrom>,
     to: Vec<RawTo>,
@@ -152,13 +155,13 @@ struct RawRule {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 struct RawFrom {
     source: RawSource,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 struct RawSource {
     principals: Vec<String>,
     not_principals: Vec<String>,
@@ -175,13 +178,13 @@ struct RawSource {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 struct RawTo {
     operation: RawOperation,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 struct RawOperation {
     hosts: Vec<String>,
     not_hosts: Vec<String>,
@@ -194,7 +197,7 @@ struct RawOperation {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 struct RawCondition {
     key: String,
     values: Vec<String>,
@@ -334,6 +337,12 @@ fn translate_rule(
     for (j, entry) in rule.to.iter().enumerate() {
         let op = &entry.operation;
         let field = |name: &str| format!("{at}.to[{j}].operation.{name}");
+        if op.is_empty() {
+            problems.push((
+                format!("{at}.to[{j}].operation"),
+                "an operation needs at least one field".to_owned(),
+            ));
+        }
         for (name, list) in [
             ("hosts", &op.hosts),
             ("notHosts", &op.not_hosts),
@@ -367,6 +376,12 @@ fn translate_rule(
     for (j, entry) in rule.from.iter().enumerate() {
         let s = &entry.source;
         let field = |name: &str| format!("{at}.from[{j}].source.{name}");
+        if s.is_empty() {
+            problems.push((
+                format!("{at}.from[{j}].source"),
+                "a source needs at least one field".to_owned(),
+            ));
+        }
         for (name, list) in [
             ("requestPrincipals", &s.request_principals),
             ("notRequestPrincipals", &s.not_request_principals),
@@ -401,6 +416,12 @@ fn translate_rule(
     // Each `when`: its own clause.
     for (j, when) in rule.when.iter().enumerate() {
         let field = |name: &str| format!("{at}.when[{j}].{name}");
+        if when.values.is_empty() && when.not_values.is_empty() {
+            problems.push((
+                format!("{at}.when[{j}]"),
+                "a condition needs values or notValues".to_owned(),
+            ));
+        }
         if !L4_WHEN_KEYS.contains(&when.key.as_str()) {
             http.push("when");
             continue;
@@ -495,6 +516,44 @@ fn blocks(field: &str, values: &[String], problems: &mut Vec<Problem>) -> Vec<Ci
             }
         })
         .collect()
+}
+
+impl RawSource {
+    fn is_empty(&self) -> bool {
+        [
+            &self.principals,
+            &self.not_principals,
+            &self.request_principals,
+            &self.not_request_principals,
+            &self.namespaces,
+            &self.not_namespaces,
+            &self.service_accounts,
+            &self.not_service_accounts,
+            &self.ip_blocks,
+            &self.not_ip_blocks,
+            &self.remote_ip_blocks,
+            &self.not_remote_ip_blocks,
+        ]
+        .iter()
+        .all(|list| list.is_empty())
+    }
+}
+
+impl RawOperation {
+    fn is_empty(&self) -> bool {
+        [
+            &self.hosts,
+            &self.not_hosts,
+            &self.ports,
+            &self.not_ports,
+            &self.methods,
+            &self.not_methods,
+            &self.paths,
+            &self.not_paths,
+        ]
+        .iter()
+        .all(|list| list.is_empty())
+    }
 }
 
 /// Parses a PeerAuthentication manifest.

@@ -1243,6 +1243,20 @@ async fn a_node_credential_obtains_certificates_only_for_the_workloads_on_its_no
     request_svid(&impersonating(NODE_B_TOKEN), &id("ns/shop/sa/lonely"), hour)
         .await
         .expect("lonely is on node-b");
+    // Leaving `ImpersonatedIdentity` out changes nothing for a node's credential.
+    let node_a_plain = IstioCaClient::new(cp.ca_channel().expect("CA channel"))
+        .with_bearer_token(NODE_A_TOKEN)
+        .expect("token");
+    let refused = request_svid(&node_a_plain, &id("ns/shop/sa/lonely"), hour)
+        .await
+        .expect_err("another node's workload, not named");
+    assert!(
+        matches!(refused, CaError::Rejected(ref m) if m.contains("no workload on node node-a")),
+        "{refused}"
+    );
+    request_svid(&node_a_plain, &id("ns/shop/sa/web"), hour)
+        .await
+        .expect("web-1 is on node-a");
     // A credential that is not a node proxy's may not impersonate at all.
     for token in [GATEWAY_TOKEN, CA_ONLY_TOKEN] {
         let refused = request_svid(&impersonating(token), &id("ns/shop/sa/web"), hour)

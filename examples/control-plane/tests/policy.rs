@@ -318,6 +318,26 @@ fn unenforceable_and_malformed_policies_are_refused_by_field() {
         "{head}spec:\n  rules:\n  - when: [{{key: destination.port, values: [\"70000\"]}}]\n"
     ));
     assert!(e.starts_with("spec.rules[0].when[0].values[0]:"), "{e}");
+    // What would otherwise match every connection: a misspelt field, an empty entry, a
+    // condition without values.
+    let rules = |yaml: &str| refused(&format!("{head}spec:\n  rules:\n  - {yaml}\n"));
+    let e = rules("from: [{source: {principal: [x]}}]");
+    assert!(e.contains("unknown field `principal`"), "{e}");
+    let e = rules("from: [{source: {}}]");
+    assert!(
+        e.starts_with("spec.rules[0].from[0].source: a source needs at least one field"),
+        "{e}"
+    );
+    let e = rules("to: [{operation: {}}]");
+    assert!(
+        e.starts_with("spec.rules[0].to[0].operation: an operation needs"),
+        "{e}"
+    );
+    let e = rules("when: [{key: source.ip}]");
+    assert!(
+        e.starts_with("spec.rules[0].when[0]: a condition needs values"),
+        "{e}"
+    );
     let e = refused(
         "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: p}\nspec: {mtls: {mode: SOMETIMES}}\n",
     );

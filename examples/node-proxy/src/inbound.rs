@@ -149,7 +149,13 @@ pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decisio
     if let Some(id) = trace_id {
         span.record("trace_id", tracing::field::display(id));
     }
-    let mut record = record(&state.index.borrow(), &req);
+    let mut record = record(
+        &state.index.borrow(),
+        &req.peer,
+        req.source,
+        req.target,
+        &req.headers,
+    );
     record.trace_id = trace_id.map(str::to_owned);
     record.baggage = crate::baggage::read(req.headers.get("baggage"));
     decide_in(state, req, record, span.clone())
@@ -160,34 +166,41 @@ pub(super) async fn decide(state: &InboundState, req: ConnectRequest) -> Decisio
 /// The record of an inbound connection: the original client (from `Forwarded`) when the
 /// workload at its address has the peer's verified identity, else the HBONE peer's address,
 /// and the labels of both ends.
-fn record(view: &MeshView, req: &ConnectRequest) -> ConnRecord {
-    let forwarded = req
-        .headers
+fn record(
+    view: &MeshView,
+    peer: &SpiffeId,
+    peer_addr: SocketAddr,
+    target: SocketAddr,
+    headers: &http::HeaderMap,
+) -> ConnRecord {
+    let forwarded = headers
         .get(http::header::FORWARDED)
         .and_then(|v| v.to_str().ok())
         .and_then(forwarded_for);
     let verified = |addr: SocketAddr| {
         view.peer(addr.ip())
-            .filter(|p| p.principal == req.peer.as_str())
+            .filter(|p| p.principal == peer.as_str())
             .cloned()
     };
     let (source_addr, source) = match forwarded.and_then(|a| Some((a, verified(a)?))) {
         Some((addr, labels)) => (addr, labels),
+        // An address the peer names but does not hold is not taken: it would otherwise pick
+        // the IP blocks that authorization policies match against.
         None => {
-            let labels = verified(req.source)
-                .unwrap_or_else(|| Arc::new(PeerLabels::of_identity(&req.peer)));
-            (forwarded.unwrap_or(req.source), labels)
+            let labels =
+                verified(peer_addr).unwrap_or_else(|| Arc::new(PeerLabels::of_identity(peer)));
+            (peer_addr, labels)
         }
     };
     let mut record = ConnRecord::new(Direction::Inbound, source_addr);
     record.source = source;
-    record.destination_addr = Some(req.target);
+    record.destination_addr = Some(target);
     record.destination = view
-        .peer(req.target.ip())
+        .peer(target.ip())
         .cloned()
         .unwrap_or_else(PeerLabels::unknown);
     record.service = view
-        .service_of(req.target.ip(), req.target.port())
+        .service_of(target.ip(), target.port())
         .cloned()
         .unwrap_or_else(ServiceLabels::unknown);
     record
@@ -341,10 +354,13 @@ struct Facts {
 }
 
 impl Facts {
-    /// Why the mesh's policies deny the tunnel (the deciding policy), if they do; logs what the
-    /// dry-run policies would decide.
+    /// Why the mesh's policies deny the tunnel (the deciding policy), if they do; a
+    /// destination that is not in `view` is denied. Logs what the dry-run policies would
+    /// decide.
     fn denial(&self, view: &MeshView) -> Option<String> {
-        let (workload, _) = view.workload(self.target.ip())?;
+        let Some((workload, _)) = view.workload(self.target.ip()) else {
+            return Some("the destination workload is no longer in the mesh".to_owned());
+        };
         let conn = meshkit_mesh::authz::Connection {
             source: self.source,
             destination: self.target,
@@ -616,6 +632,40 @@ mod tests {
         format!("spiffe://cluster.local/ns/shop/sa/{sa}")
             .parse()
             .expect("id")
+    }
+
+    /// The source that authorization policies see: the `Forwarded` address only when the
+    /// workload there has the peer's identity, else the HBONE peer's own address.
+    #[test]
+    fn a_forwarded_address_counts_only_when_the_peer_holds_it() {
+        let mesh: meshkit_mesh::MeshConfig = serde_json::from_value(serde_json::json!({
+            "workloads": [
+                {"name": "web-1", "namespace": "shop", "service_account": "web",
+                 "ip": "127.0.0.11", "node": "a"},
+                {"name": "api-1", "namespace": "shop", "service_account": "api",
+                 "ip": "127.0.0.13", "node": "b"},
+            ]
+        }))
+        .expect("mesh");
+        let td = meshkit_identity::TrustDomain::new("cluster.local").expect("td");
+        let view = MeshView::new(&mesh, &td, 15008);
+        let peer_addr: SocketAddr = "127.0.0.2:40000".parse().expect("addr");
+        let record_for = |forwarded: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                http::header::FORWARDED,
+                http::HeaderValue::from_str(forwarded).expect("value"),
+            );
+            let target = "127.0.0.13:9090".parse().expect("addr");
+            record(&view, &id("web"), peer_addr, target, &headers)
+        };
+        // web-1 is the peer's identity: its address is the source.
+        let held = record_for("for=\"127.0.0.11:5000\"");
+        assert_eq!(held.source_addr, "127.0.0.11:5000".parse().expect("addr"));
+        // An address the peer does not hold (another workload's, or none's) is not taken.
+        for claimed in ["for=\"127.0.0.13:5000\"", "for=\"10.9.9.9:5000\""] {
+            assert_eq!(record_for(claimed).source_addr, peer_addr, "{claimed}");
+        }
     }
 
     #[test]

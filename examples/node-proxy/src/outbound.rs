@@ -252,13 +252,11 @@ async fn connection(
                 }
                 return;
             }
-            Err(e)
-                if e.status().is_some_and(|s| {
-                    s == http::StatusCode::UNAUTHORIZED || s == http::StatusCode::FORBIDDEN
-                }) =>
-            {
-                // The destination's authorization refused this source: a decision about the
-                // caller, not a failed endpoint, so no other endpoint is tried for it.
+            Err(e) if e.status() == Some(http::StatusCode::UNAUTHORIZED) => {
+                // The mesh's authorization policies refused this source at the destination: a
+                // decision about the caller, not a failed endpoint, so no other endpoint is
+                // tried for it. (A 403 is about the endpoint: not a local workload, a port it
+                // does not serve, a node-local policy; the next endpoint may take it.)
                 tracing::info!(%source, %service, %destination, error = %e, "the destination refused the tunnel; resetting the connection");
                 telemetry.refused(record, FLAG_DENY);
                 let _ = sock.set_zero_linger();

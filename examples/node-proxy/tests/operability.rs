@@ -423,8 +423,8 @@ async fn refusals_are_counted_with_their_reason_and_flag() {
         samples(&x, "meshkit_node_proxy_policy_denials_total", &[]).len(),
         2
     );
-    // The destination refused with 403 (DENY), and the source, told so, tried no other
-    // endpoint and closed it as DENY too. Both counted the connection as opened with no flag.
+    // The destination refused with 403 (DENY); the source found no endpoint that would take
+    // the tunnel (CONNECT). Both counted the connection as opened with no flag.
     let deny = tcp_labels("destination", "DENY");
     assert_eq!(
         only(
@@ -435,14 +435,14 @@ async fn refusals_are_counted_with_their_reason_and_flag() {
         ),
         2.0
     );
-    let denied = tcp_labels("source", "DENY");
+    let connect = tcp_labels("source", "CONNECT");
     let closed = samples(
         &x,
         "istio_tcp_connections_closed_total",
-        &[("reporter", "source"), ("response_flags", "DENY")],
+        &[("reporter", "source"), ("response_flags", "CONNECT")],
     );
     assert_eq!(closed.len(), 1);
-    assert_eq!(closed[0].labels, denied);
+    assert_eq!(closed[0].labels, connect);
     assert_eq!(closed[0].value, 2.0);
     let no_route = samples(
         &x,
