@@ -89,14 +89,16 @@ const MANIFESTS: &str = r#"
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: zt-app, namespace: zt}
-spec: {address: 10.250.0.1, serviceAccount: ztapp, labels: {app: ztapp, meshkit.io/node: node-z}}
+spec: {address: 10.250.0.1, serviceAccount: ztapp, labels: {app: ztapp, role: target, meshkit.io/node: node-z}}
 ---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: zt-echo, namespace: zt}
 spec:
   hosts: [zt-echo.zt.svc.cluster.local]
-  ports: [{number: 80, name: tcp, protocol: TCP, targetPort: 9000}]
+  ports:
+  - {number: 80, name: tcp, protocol: TCP, targetPort: 9000}
+  - {number: 81, name: tcp-alt, protocol: TCP, targetPort: 9001}
   workloadSelector: {labels: {app: ztapp}}
 ---
 apiVersion: networking.istio.io/v1
@@ -124,6 +126,43 @@ spec:
   hosts: [mk-other.mk.svc.cluster.local]
   ports: [{number: 80, name: tcp, protocol: TCP, targetPort: 8080}]
   workloadSelector: {labels: {app: other}}
+---
+# zt-app's twin behind meshkit's node proxy: same namespace, same `role` label, same ports.
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: mk-twin, namespace: zt}
+spec: {address: 10.250.0.9, serviceAccount: twin, labels: {app: twin, role: target, meshkit.io/node: node-m}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: twin, namespace: zt}
+spec:
+  hosts: [twin.zt.svc.cluster.local]
+  ports:
+  - {number: 80, name: tcp, protocol: TCP, targetPort: 9000}
+  - {number: 81, name: tcp-alt, protocol: TCP, targetPort: 9001}
+  workloadSelector: {labels: {app: twin}}
+---
+# The callers of the decision table, on node-m.
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: src-a, namespace: mk}
+spec: {address: 10.250.0.4, serviceAccount: a, labels: {app: src-a, meshkit.io/node: node-m}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: src-admin, namespace: ops}
+spec: {address: 10.250.0.5, serviceAccount: admin, labels: {app: src-admin, meshkit.io/node: node-m}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: src-intruder, namespace: ops}
+spec: {address: 10.250.0.6, serviceAccount: intruder, labels: {app: src-intruder, meshkit.io/node: node-m}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: src-gw, namespace: edge}
+spec: {address: 10.250.0.7, serviceAccount: gw, labels: {app: src-gw, meshkit.io/node: node-m}}
 "#;
 
 /// ztunnel's workload takes mk-app only; mk's workloads take the zt namespace only.
@@ -142,7 +181,102 @@ metadata: {name: allow-zt, namespace: mk}
 spec:
   rules:
   - from: [{source: {namespaces: [zt]}}]
+---
+# The decision table's policies: one set, for zt-app behind ztunnel and mk-twin behind
+# meshkit alike.
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: target-allow, namespace: zt}
+spec:
+  selector: {matchLabels: {role: target}}
+  rules:
+  - from: [{source: {principals: [cluster.local/ns/mk/sa/a]}}]
+    to: [{operation: {ports: ["9000"]}}]
+  - from: [{source: {namespaces: [ops]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-intruders, namespace: zt}
+spec:
+  action: DENY
+  rules:
+  - from: [{source: {principals: ["*/sa/intruder"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-9001, namespace: zt}
+spec:
+  action: DENY
+  rules:
+  - to: [{operation: {ports: ["9001"]}}]
+    when: [{key: source.principal, notValues: [cluster.local/ns/ops/sa/admin]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: deny-mk-trial
+  namespace: zt
+  annotations: {istio.io/dry-run: "true"}
+spec:
+  action: DENY
+  rules:
+  - from: [{source: {namespaces: [mk]}}]
 "#;
+
+/// The decision table: (caller, its address, destination port, allowed), the same on
+/// ztunnel's zt-app and meshkit's mk-twin.
+const TABLE: [(&str, &str, u16, bool); 10] = [
+    (
+        "mk/sa/a: principal on its port (dry-run DENY not enforced)",
+        "10.250.0.4",
+        9000,
+        true,
+    ),
+    (
+        "mk/sa/a: principal on another port (DENY with notValues)",
+        "10.250.0.4",
+        9001,
+        false,
+    ),
+    ("mk/sa/other: no ALLOW matches", "10.250.0.3", 9000, false),
+    (
+        "mk/sa/other: no ALLOW matches, other port",
+        "10.250.0.3",
+        9001,
+        false,
+    ),
+    ("ops/sa/admin: namespace", "10.250.0.5", 9000, true),
+    (
+        "ops/sa/admin: exempt from the port DENY by notValues",
+        "10.250.0.5",
+        9001,
+        true,
+    ),
+    (
+        "ops/sa/intruder: DENY over ALLOW (principal suffix)",
+        "10.250.0.6",
+        9000,
+        false,
+    ),
+    (
+        "ops/sa/intruder: DENY over ALLOW, other port",
+        "10.250.0.6",
+        9001,
+        false,
+    ),
+    (
+        "edge/sa/gw: namespace not listed",
+        "10.250.0.7",
+        9000,
+        false,
+    ),
+    (
+        "edge/sa/gw: namespace not listed, other port",
+        "10.250.0.7",
+        9001,
+        false,
+    ),
+];
 
 /// The network namespaces and veth pair of one run; removed on drop.
 struct Netns {
@@ -174,7 +308,19 @@ impl Netns {
         ]);
         for (netns, dev, addrs) in [
             (&z, &vz, &["10.250.0.1/24"][..]),
-            (&m, &vm, &["10.250.0.2/24", "10.250.0.3/24"][..]),
+            (
+                &m,
+                &vm,
+                &[
+                    "10.250.0.2/24",
+                    "10.250.0.3/24",
+                    "10.250.0.4/24",
+                    "10.250.0.5/24",
+                    "10.250.0.6/24",
+                    "10.250.0.7/24",
+                    "10.250.0.9/24",
+                ][..],
+            ),
         ] {
             for addr in addrs {
                 run(&["-n", netns, "addr", "add", addr, "dev", dev]);
@@ -337,6 +483,18 @@ fn a_real_ztunnel_joins_the_mesh() {
         &[],
         &dir.join("echo-o.log"),
     );
+    let _echo_twin: Vec<KillOnDrop> = ["9000", "9001"]
+        .iter()
+        .map(|port| {
+            ns.spawn(
+                &ns.m,
+                &python,
+                &[&path("echo.py"), "10.250.0.9", port, "mk-twin"],
+                &[],
+                &dir.join(format!("echo-twin-{port}.log")),
+            )
+        })
+        .collect();
     let _node = ns.spawn(
         &ns.m,
         &bin("node-proxy"),
@@ -355,6 +513,12 @@ fn a_real_ztunnel_joins_the_mesh() {
             &path("mk-token"),
             "--outbound",
             "10.250.0.2:15081=zt-echo.zt.svc.cluster.local:80",
+            "--outbound",
+            "10.250.0.2:15082=zt-echo.zt.svc.cluster.local:81",
+            "--outbound",
+            "10.250.0.2:15083=twin.zt.svc.cluster.local:80",
+            "--outbound",
+            "10.250.0.2:15084=twin.zt.svc.cluster.local:81",
             "--admin-addr",
             "127.0.0.1:15020",
         ],
@@ -390,13 +554,18 @@ fn a_real_ztunnel_joins_the_mesh() {
         &zt_env,
         &dir.join("ztunnel.log"),
     );
-    let _echo_z = ns.spawn(
-        &ns.z,
-        &python,
-        &[&path("echo.py"), "10.250.0.1", "9000", "zt-app"],
-        &[],
-        &dir.join("echo-z.log"),
-    );
+    let _echo_z: Vec<KillOnDrop> = ["9000", "9001"]
+        .iter()
+        .map(|port| {
+            ns.spawn(
+                &ns.z,
+                &python,
+                &[&path("echo.py"), "10.250.0.1", port, "zt-app"],
+                &[],
+                &dir.join(format!("echo-z-{port}.log")),
+            )
+        })
+        .collect();
 
     // ztunnel's view, from its own config dump: meshkit's workloads and policies.
     let dump = until(
@@ -415,7 +584,7 @@ fn a_real_ztunnel_joins_the_mesh() {
             let dump: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
             let workloads = dump["workloads"].as_array()?.len();
             let policies = dump["policies"].as_array()?.len();
-            (workloads >= 3 && policies >= 2).then_some(dump)
+            (workloads >= 4 && policies >= 6).then_some(dump)
         },
     );
     let names: Vec<&str> = dump["workloads"]
@@ -467,8 +636,7 @@ fn a_real_ztunnel_joins_the_mesh() {
             .any(|i| i == "spiffe://cluster.local/ns/zt/sa/ztapp"),
         "{identities:?}"
     );
-    // mk-other is not in namespace zt's callers list... it is the destination here: ztunnel
-    // may reach it too, since mk's policy admits namespace zt.
+    // mk-other, in namespace mk too, takes zt-app: mk's policy admits namespace zt.
     let (answer, expected) = exchange(
         &ns,
         &ns.z,
@@ -517,6 +685,7 @@ fn a_real_ztunnel_joins_the_mesh() {
         POLICIES.replace("namespaces: [zt]", "namespaces: [elsewhere]"),
     )
     .unwrap();
+    let edited_at = Instant::now();
     until("meshkit refuses zt-app after the edit", || {
         exchange(
             &ns,
@@ -526,6 +695,10 @@ fn a_real_ztunnel_joins_the_mesh() {
         )
         .err()
     });
+    eprintln!(
+        "meshkit's decision changed {:?} after the manifest edit",
+        edited_at.elapsed()
+    );
     let metrics = ns.run(&ns.m, &["curl", "-s", "http://127.0.0.1:15020/metrics"]);
     let metrics = String::from_utf8_lossy(&metrics.stdout);
     assert!(
@@ -535,6 +708,86 @@ fn a_real_ztunnel_joins_the_mesh() {
         "{metrics}"
     );
     std::fs::write(dir.join("manifests/policies.yaml"), POLICIES).unwrap();
+
+    // The decision table, on both proxies: zt-app behind ztunnel (through node-m's
+    // listeners for zt-echo) and its twin behind meshkit (through those for twin).
+    let mut rows = Vec::new();
+    for (case, from, port, allowed) in TABLE {
+        let listeners = [
+            (
+                "ztunnel",
+                if port == 9000 { "15081" } else { "15082" },
+                "zt-app",
+            ),
+            (
+                "meshkit",
+                if port == 9000 { "15083" } else { "15084" },
+                "mk-twin",
+            ),
+        ];
+        let mut seen = Vec::new();
+        for (proxy, listener, name) in listeners {
+            // A caller's first tunnel may wait for its certificate: an allowed case is
+            // retried until it answers, a denied one must stay denied.
+            let result = if allowed {
+                until(&format!("{case} on {proxy}"), || {
+                    exchange(
+                        &ns,
+                        &ns.m,
+                        Path::new(&client),
+                        &["direct", from, "10.250.0.2", listener, "1000"],
+                    )
+                    .ok()
+                });
+                true
+            } else {
+                exchange(
+                    &ns,
+                    &ns.m,
+                    Path::new(&client),
+                    &["direct", from, "10.250.0.2", listener, "1000"],
+                )
+                .map(|(answer, _)| {
+                    assert!(!answer.starts_with(name), "{case} on {proxy}: admitted")
+                })
+                .is_ok()
+            };
+            assert_eq!(result, allowed, "{case} on {proxy}");
+            seen.push(result);
+        }
+        rows.push(format!("| {case} | {port} | {} | {} |", seen[0], seen[1]));
+    }
+    eprintln!(
+        "| case | port | ztunnel allowed | meshkit allowed |\n|---|---|---|---|\n{}",
+        rows.join("\n")
+    );
+    // Every refusal was a policy's, not a failure on the way: ztunnel logged a policy
+    // rejection for each case it refused (and for mk-other above), meshkit counted one for
+    // each (and for zt-app above).
+    let refused = TABLE.iter().filter(|(.., allowed)| !allowed).count();
+    until("ztunnel's policy rejections", || {
+        let log = std::fs::read_to_string(dir.join("ztunnel.log")).ok()?;
+        let rejections = log
+            .lines()
+            .filter(|l| l.contains("policy rejection"))
+            .count();
+        (rejections == refused + 1).then_some(())
+    });
+    let metrics = ns.run(&ns.m, &["curl", "-s", "http://127.0.0.1:15020/metrics"]);
+    let denials = String::from_utf8_lossy(&metrics.stdout)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "meshkit_node_proxy_policy_denials_total{reason=\"authorization_policy\"} ",
+            )
+            .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        denials,
+        (refused + 1).to_string(),
+        "meshkit's authorization denials"
+    );
 
     // A policy edit: zt-app's policy now names mk-other instead; both decisions flip.
     let edited = POLICIES.replace(
