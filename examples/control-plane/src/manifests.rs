@@ -832,6 +832,12 @@ impl fmt::Debug for TlsSecret {
 impl WorkloadEntry {
     /// Whether every label of `selector` is on this workload (an empty selector selects none).
     pub fn matches(&self, selector: &BTreeMap<String, String>) -> bool {
-        !selector.is_empty() && selector.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+        !selector.is_empty() && self.has_labels(selector)
+    }
+
+    /// Whether every label of `labels` is on this workload (true for none: a policy's empty
+    /// `matchLabels` selects every workload of its namespace).
+    pub fn has_labels(&self, labels: &BTreeMap<String, String>) -> bool {
+        labels.iter().all(|(k, v)| self.labels.get(k) == Some(v))
     }
 }

@@ -663,11 +663,7 @@ pub fn translate(
         let mut keys: Vec<String> = authorization
             .iter()
             .filter(|p| p.namespace == w.namespace || p.namespace == root)
-            .filter(|p| {
-                p.selector
-                    .as_ref()
-                    .is_some_and(|s| s.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
-            })
+            .filter(|p| p.selector.as_ref().is_some_and(|s| w.has_labels(s)))
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
         match peer_policy_for(peer, w, root) {
@@ -754,11 +750,7 @@ fn peer_policy_for<'a>(
     let workload = oldest(
         peer.iter()
             .filter(|p| p.namespace == w.namespace && p.namespace != root)
-            .filter(|p| {
-                p.selector
-                    .as_ref()
-                    .is_some_and(|s| s.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
-            })
+            .filter(|p| p.selector.as_ref().is_some_and(|s| w.has_labels(s)))
             .collect(),
     );
     let mut strict = false;

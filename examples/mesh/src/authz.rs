@@ -301,20 +301,12 @@ struct Bucket {
 impl Policy {
     /// The policy's key, `namespace/name`: its xDS name, and how workloads name it.
     pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        self.to_string()
     }
 
     /// Whether the policy matches `conn`.
     pub fn matches(&self, conn: &Connection<'_>) -> bool {
-        self.matches_facts(&Facts::of(conn))
-    }
-
-    fn matches_facts(&self, facts: &Facts<'_>) -> bool {
-        self.rules.iter().any(|rule| {
-            rule.clauses.iter().all(|clause| {
-                clause.matches.is_empty() || clause.matches.iter().any(|m| m.matches(facts))
-            })
-        })
+        compiled::policy_matches(self, &Facts::of(conn))
     }
 }
 
@@ -435,28 +427,6 @@ impl Match {
             && self.not_destination_ports.is_empty()
     }
 
-    fn matches(&self, facts: &Facts<'_>) -> bool {
-        !self.is_empty()
-            && holds(&self.destination_ips, &self.not_destination_ips, |c| {
-                c.contains(facts.destination.ip())
-            })
-            && holds(&self.source_ips, &self.not_source_ips, |c| {
-                c.contains(facts.source)
-            })
-            && holds(&self.destination_ports, &self.not_destination_ports, |p| {
-                *p == facts.destination.port()
-            })
-            && holds(&self.service_accounts, &self.not_service_accounts, |sa| {
-                facts.service_account == Some((sa.namespace.as_str(), sa.name.as_str()))
-            })
-            && holds(&self.principals, &self.not_principals, |p| {
-                facts.principal.is_some_and(|id| p.matches(id))
-            })
-            && holds(&self.namespaces, &self.not_namespaces, |p| {
-                p.matches(facts.namespace)
-            })
-    }
-
     fn from_proto(rule: usize, m: &pb::Match) -> Result<Self, InvalidPolicy> {
         let strings = |list: &[pb::StringMatch]| {
             list.iter()
@@ -535,12 +505,6 @@ impl Match {
             extensions: Vec::new(),
         }
     }
-}
-
-/// Whether a condition holds: some positive entry matches (or there is none), and no
-/// negative entry does.
-fn holds<T>(positive: &[T], negative: &[T], mut hit: impl FnMut(&T) -> bool) -> bool {
-    (positive.is_empty() || positive.iter().any(&mut hit)) && !negative.iter().any(hit)
 }
 
 fn cidr_of(a: &pb::Address) -> Option<Cidr> {

@@ -166,6 +166,9 @@ proptest! {
             destination: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, dst)), port),
             identity: id.as_ref(),
         };
+        for p in &policies {
+            prop_assert_eq!(p.matches(&conn), reference::policy_matches(p, &conn), "{}", p);
+        }
         let evaluation = set.evaluate(target, &conn);
         prop_assert_eq!(
             outcome(&evaluation.decision),

@@ -45,32 +45,46 @@ enum Test {
 
 impl Compiled {
     pub(super) fn new(policy: Arc<Policy>) -> Self {
-        let rules = policy
-            .rules
-            .iter()
-            .map(|r| {
-                Rule(
-                    r.clauses
-                        .iter()
-                        .map(|c| Clause(c.matches.iter().map(conditions).collect()))
-                        .collect(),
-                )
-            })
-            .collect();
+        let rules = compile(&policy);
         Self { policy, rules }
     }
 
-    /// The same answer as [`Policy::matches`], from the compiled form.
+    /// Whether the policy matches the connection of `facts`.
     pub(super) fn matches(&self, facts: &Facts<'_>) -> bool {
-        self.rules.iter().any(|Rule(clauses)| {
-            clauses.iter().all(|Clause(matches)| {
-                matches.is_empty()
-                    || matches.iter().any(|Conditions(conditions)| {
-                        !conditions.is_empty() && conditions.iter().all(|c| c.holds(facts))
-                    })
-            })
-        })
+        rules_match(&self.rules, facts)
     }
+}
+
+/// Whether `policy` matches the connection of `facts`, compiling it for this one question
+/// ([`Policy::matches`]; a [`PolicySet`](super::PolicySet) compiles each policy once).
+pub(super) fn policy_matches(policy: &Policy, facts: &Facts<'_>) -> bool {
+    rules_match(&compile(policy), facts)
+}
+
+fn compile(policy: &Policy) -> Box<[Rule]> {
+    policy
+        .rules
+        .iter()
+        .map(|r| {
+            Rule(
+                r.clauses
+                    .iter()
+                    .map(|c| Clause(c.matches.iter().map(conditions).collect()))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn rules_match(rules: &[Rule], facts: &Facts<'_>) -> bool {
+    rules.iter().any(|Rule(clauses)| {
+        clauses.iter().all(|Clause(matches)| {
+            matches.is_empty()
+                || matches.iter().any(|Conditions(conditions)| {
+                    !conditions.is_empty() && conditions.iter().all(|c| c.holds(facts))
+                })
+        })
+    })
 }
 
 fn conditions(m: &Match) -> Conditions {
