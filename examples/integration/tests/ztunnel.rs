@@ -469,32 +469,24 @@ fn a_real_ztunnel_joins_the_mesh() {
         dir.join("root.pem").exists().then_some(())
     });
     let python = PathBuf::from("python3");
-    let _echo_m = ns.spawn(
-        &ns.m,
-        &python,
-        &[&path("echo.py"), "10.250.0.2", "8080", "mk-app"],
-        &[],
-        &dir.join("echo-m.log"),
-    );
-    let _echo_o = ns.spawn(
-        &ns.m,
-        &python,
-        &[&path("echo.py"), "10.250.0.3", "8080", "mk-other"],
-        &[],
-        &dir.join("echo-o.log"),
-    );
-    let _echo_twin: Vec<KillOnDrop> = ["9000", "9001"]
-        .iter()
-        .map(|port| {
-            ns.spawn(
-                &ns.m,
-                &python,
-                &[&path("echo.py"), "10.250.0.9", port, "mk-twin"],
-                &[],
-                &dir.join(format!("echo-twin-{port}.log")),
-            )
-        })
-        .collect();
+    // An echo application answering as `name` on each of `ports` of `addr`, in `netns`.
+    let echo = |netns: &str, addr: &str, ports: &[&str], name: &str| -> Vec<KillOnDrop> {
+        ports
+            .iter()
+            .map(|port| {
+                ns.spawn(
+                    netns,
+                    &python,
+                    &[&path("echo.py"), addr, port, name],
+                    &[],
+                    &dir.join(format!("echo-{name}-{port}.log")),
+                )
+            })
+            .collect()
+    };
+    let _echo_m = echo(&ns.m, "10.250.0.2", &["8080"], "mk-app");
+    let _echo_o = echo(&ns.m, "10.250.0.3", &["8080"], "mk-other");
+    let _echo_twin = echo(&ns.m, "10.250.0.9", &["9000", "9001"], "mk-twin");
     let _node = ns.spawn(
         &ns.m,
         &bin("node-proxy"),
@@ -554,18 +546,7 @@ fn a_real_ztunnel_joins_the_mesh() {
         &zt_env,
         &dir.join("ztunnel.log"),
     );
-    let _echo_z: Vec<KillOnDrop> = ["9000", "9001"]
-        .iter()
-        .map(|port| {
-            ns.spawn(
-                &ns.z,
-                &python,
-                &[&path("echo.py"), "10.250.0.1", port, "zt-app"],
-                &[],
-                &dir.join(format!("echo-z-{port}.log")),
-            )
-        })
-        .collect();
+    let _echo_z = echo(&ns.z, "10.250.0.1", &["9000", "9001"], "zt-app");
 
     // ztunnel's view, from its own config dump: meshkit's workloads and policies.
     let dump = until(
