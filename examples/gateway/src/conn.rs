@@ -11,11 +11,12 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::task::AtomicWaker;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -163,11 +164,13 @@ where
     C: Future<Output = Result<(), E>>,
 {
     let mut conn = std::pin::pin!(conn);
-    let draining = async {
+    // Polled only when the drain channel woke it: the connection's task wakes several times
+    // per request, and this branch would otherwise poll the channel each time.
+    let draining = WhenWoken::new(async move {
         if drain.wait_for(Option::is_some).await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
+    });
     let drained = tokio::select! {
         result = conn.as_mut() => return result,
         () = activity.idle_for(timeout) => false,
@@ -184,6 +187,63 @@ where
     tokio::time::timeout(SHUTDOWN_GRACE, conn)
         .await
         .unwrap_or(Ok(()))
+}
+
+/// A future polled again only after it woke itself (and once at the start). Beside a busy
+/// future in a `select!`, a branch that waits for something rare costs an atomic swap when the
+/// task wakes for another branch, instead of a poll of its own.
+struct WhenWoken<F> {
+    inner: Pin<Box<F>>,
+    relay: Arc<Relay>,
+    /// The waker `inner` is polled with: it marks `relay` woken and wakes the task.
+    waker: Waker,
+}
+
+/// Whether [`WhenWoken`]'s future woke, and the task to wake when it does.
+struct Relay {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl<F: Future> WhenWoken<F> {
+    fn new(inner: F) -> Self {
+        let relay = Arc::new(Relay {
+            woken: AtomicBool::new(true),
+            task: AtomicWaker::new(),
+        });
+        Self {
+            inner: Box::pin(inner),
+            waker: Waker::from(relay.clone()),
+            relay,
+        }
+    }
+}
+
+impl<F: Future> Future for WhenWoken<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        // Registered before the flag is read: a wake-up in between still reaches the task.
+        this.relay.task.register(cx.waker());
+        if !this.relay.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        this.inner
+            .as_mut()
+            .poll(&mut Context::from_waker(&this.waker))
+    }
+}
+
+impl Wake for Relay {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
 }
 
 /// Requests in flight on one connection, and when the last one ended. Counted with atomics
@@ -474,5 +534,47 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for WriteStall<IO> {
         let this = self.get_mut();
         let poll = Pin::new(&mut this.io).poll_shutdown(cx);
         this.watch(cx, poll, |()| true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::*;
+
+    /// A pending future that counts its polls.
+    fn counted(polls: &Rc<Cell<usize>>) -> impl Future<Output = ()> + use<> {
+        let polls = polls.clone();
+        std::future::poll_fn(move |_| {
+            polls.set(polls.get() + 1);
+            Poll::<()>::Pending
+        })
+    }
+
+    #[test]
+    fn a_future_when_woken_is_polled_once_until_it_wakes() {
+        let polls = Rc::new(Cell::new(0));
+        let mut w = WhenWoken::new(counted(&polls));
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..5 {
+            assert!(Pin::new(&mut w).poll(&mut cx).is_pending());
+        }
+        assert_eq!(polls.get(), 1, "polled again without a wake-up of its own");
+        w.waker.wake_by_ref();
+        assert!(Pin::new(&mut w).poll(&mut cx).is_pending());
+        assert_eq!(polls.get(), 2, "not polled after its wake-up");
+    }
+
+    #[tokio::test]
+    async fn a_future_when_woken_completes_when_its_event_arrives() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut w = WhenWoken::new(rx);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(Pin::new(&mut w).poll(&mut cx).is_pending());
+        tx.send(7).expect("receiver alive");
+        let got = tokio::time::timeout(Duration::from_secs(5), w).await;
+        assert_eq!(got.expect("woken").expect("sent"), 7);
     }
 }

@@ -72,7 +72,6 @@ pub mod stack;
 mod tls;
 mod trace;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -405,7 +404,7 @@ struct Shared {
     client: Client,
     current: watch::Receiver<Arc<Compiled>>,
     /// Round-robin position per (namespace, service, port); kept across configurations.
-    positions: Mutex<HashMap<(String, String, u16), usize>>,
+    positions: Mutex<Positions>,
     /// Idle backend connections, reused across requests.
     pool: Arc<proxy::BackendPool>,
     /// One permit per client connection, [`GatewaySettings::max_connections`] in all.
@@ -748,11 +747,30 @@ fn compile(settings: &GatewaySettings, config: &GatewayConfig) -> Compiled {
 impl Shared {
     fn next_endpoint(&self, namespace: &str, service: &str, port: u16) -> usize {
         let mut positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = positions
-            .entry((namespace.to_owned(), service.to_owned(), port))
-            .or_insert(0);
+        let key = PositionKey(namespace, service, port);
+        let slot = match positions.get_mut(&key) {
+            Some(slot) => slot,
+            None => positions
+                .entry((namespace.to_owned(), service.to_owned(), port))
+                .or_insert(0),
+        };
         let current = *slot;
         *slot = slot.wrapping_add(1);
         current
+    }
+}
+
+/// Round-robin positions by (namespace, service, port); looked up by [`PositionKey`], so that
+/// a request allocates no key.
+type Positions = hashbrown::HashMap<(String, String, u16), usize, foldhash::fast::RandomState>;
+
+/// A [`Positions`] key by reference; it hashes as the owned key does (a tuple hashes its
+/// fields in order).
+#[derive(Hash)]
+struct PositionKey<'a>(&'a str, &'a str, u16);
+
+impl hashbrown::Equivalent<(String, String, u16)> for PositionKey<'_> {
+    fn equivalent(&self, key: &(String, String, u16)) -> bool {
+        self.0 == key.0 && self.1 == key.1 && self.2 == key.2
     }
 }

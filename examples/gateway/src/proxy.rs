@@ -2,6 +2,7 @@
 //! HTTP/1.1 exchange, and the header rewrites a proxy owes the backend.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -32,17 +34,11 @@ pub const BACKEND_IDENTITY: &str = "x-meshkit-backend-identity";
 /// Response header naming the workload that answered.
 pub const BACKEND_WORKLOAD: &str = "x-meshkit-backend-workload";
 
-/// Headers that belong to one connection and are not forwarded (RFC 9110, 7.6.1).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
-];
+/// `X-Forwarded-For`: the client, after the earlier hops a trusted proxy named.
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// `X-Forwarded-Proto`: the scheme the client spoke.
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Names the workload that answered and the identity its end of the tunnel proved, in the
 /// [`BACKEND_WORKLOAD`] and [`BACKEND_IDENTITY`] response headers.
@@ -61,12 +57,16 @@ pub(crate) fn name_backend(headers: &mut HeaderMap, ep: &meshkit_mesh::Endpoint)
 /// a request costs a tunnel and an HTTP/1.1 handshake only when no idle connection is left. A
 /// connection left idle for the pool's idle timeout is closed (its tunnel ends).
 pub(crate) struct BackendPool {
-    idle: Mutex<HashMap<PoolKey, Vec<Idle>>>,
+    idle: Mutex<IdleMap>,
     idle_timeout: Duration,
     next_id: AtomicU64,
 }
 
 pub(crate) type PoolKey = (SocketAddr, SocketAddr, SpiffeId);
+
+/// The idle connections by endpoint. Keyed by addresses and an identity the gateway's own
+/// mesh configuration names, not by anything a client sends: a fast hash will do.
+type IdleMap = HashMap<PoolKey, Vec<Idle>, foldhash::fast::RandomState>;
 
 /// A pooled connection, with the number that its idle timer removes it by. Dropping the entry
 /// (taken for a request, closed, or the pool cleared) drops `_timer`, which ends the timer.
@@ -89,7 +89,7 @@ impl BackendPool {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<PoolKey, Vec<Idle>>> {
+    fn lock(&self) -> MutexGuard<'_, IdleMap> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -471,14 +471,13 @@ pub(crate) fn prepare<B>(
     scheme: &'static str,
     trusted: bool,
 ) {
-    let path = req
+    // The path and query as they are (shared bytes: neither copied nor parsed again).
+    let origin = req
         .uri()
         .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
-    if let Ok(uri) = path.parse::<Uri>() {
-        *req.uri_mut() = uri;
-    }
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    *req.uri_mut() = Uri::from(origin);
     *req.version_mut() = Version::HTTP_11;
     let headers = req.headers_mut();
     strip_hop_by_hop(headers);
@@ -487,53 +486,87 @@ pub(crate) fn prepare<B>(
     }
     if !trusted {
         // Whatever an untrusted peer claims about earlier hops is its own word.
-        headers.remove("x-forwarded-for");
+        headers.remove(&X_FORWARDED_FOR);
         headers.remove(header::FORWARDED);
     }
-    let ip = client.ip().to_string();
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(previous) => format!("{previous}, {ip}"),
-        None => ip.clone(),
-    };
-    if let Ok(value) = HeaderValue::from_str(&xff) {
-        headers.insert(HeaderName::from_static("x-forwarded-for"), value);
+    let mut xff = String::with_capacity(64);
+    if let Some(previous) = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        xff.push_str(previous);
+        xff.push_str(", ");
     }
-    headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static(scheme),
-    );
-    let node = if client.is_ipv6() {
-        format!("\"[{ip}]\"")
+    let ip_at = xff.len();
+    // Writing to a String cannot fail.
+    let _ = write!(xff, "{}", client.ip());
+    let mut forwarded = String::with_capacity(96);
+    if let Some(previous) = headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        forwarded.push_str(previous);
+        forwarded.push_str(", ");
+    }
+    let ip = &xff[ip_at..];
+    if client.is_ipv6() {
+        forwarded.push_str("for=\"[");
+        forwarded.push_str(ip);
+        forwarded.push_str("]\"");
     } else {
-        ip
-    };
+        forwarded.push_str("for=");
+        forwarded.push_str(ip);
+    }
+    forwarded.push_str(";host=\"");
     // A quoted-string must not end early: leave out what would need escaping.
-    let quoted_host: String = host.chars().filter(|c| *c != '"' && *c != '\\').collect();
-    let element = format!("for={node};host=\"{quoted_host}\";proto={scheme}");
-    let forwarded = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        Some(previous) => format!("{previous}, {element}"),
-        None => element,
-    };
-    if let Ok(value) = HeaderValue::from_str(&forwarded) {
+    if host.contains(['"', '\\']) {
+        forwarded.extend(host.chars().filter(|c| *c != '"' && *c != '\\'));
+    } else {
+        forwarded.push_str(host);
+    }
+    forwarded.push_str("\";proto=");
+    forwarded.push_str(scheme);
+    // From the strings themselves: no copy.
+    if let Ok(value) = HeaderValue::try_from(xff) {
+        headers.insert(X_FORWARDED_FOR, value);
+    }
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
+    if let Ok(value) = HeaderValue::try_from(forwarded) {
         headers.insert(header::FORWARDED, value);
     }
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Headers named in `Connection` are hop-by-hop too.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+    // One pass over the names first: most messages carry none of them.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
+    let mut gone: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n))
+        .cloned()
         .collect();
-    for name in named {
+    // Headers named in `Connection` are hop-by-hop too.
+    gone.extend(
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok()),
+    );
+    for name in gone {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
+}
+
+/// Whether `name` belongs to one connection and is not forwarded (RFC 9110, 7.6.1).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "upgrade"
+    )
 }
 
 /// A short plain-text answer from the gateway itself.
@@ -587,6 +620,42 @@ mod tests {
             h["forwarded"],
             "for=10.0.0.1, for=\"[::1]\";host=\"shop.example.com\";proto=https"
         );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_told_by_name_and_by_connection() {
+        let mut headers = HeaderMap::new();
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "upgrade",
+            "x-kept",
+            "x-named",
+        ] {
+            headers.insert(HeaderName::from_static(name), HeaderValue::from_static("v"));
+        }
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("x-named, close"),
+        );
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
+        // Nothing to strip: the map is left as it was.
+        let mut plain = HeaderMap::new();
+        plain.insert(header::HOST, HeaderValue::from_static("a.example"));
+        plain.insert(
+            HeaderName::from_static("x-kept"),
+            HeaderValue::from_static("v"),
+        );
+        let before = plain.clone();
+        strip_hop_by_hop(&mut plain);
+        assert_eq!(plain, before);
     }
 
     #[test]
