@@ -2,7 +2,7 @@
 //! policy sets and connections, and the protobuf form of policies: a valid policy survives the
 //! round trip, and no byte string panics the decoder.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use meshkit_identity::SpiffeId;
 use meshkit_mesh::Cidr;
@@ -47,9 +47,21 @@ fn account() -> impl Strategy<Value = ServiceAccount> {
     })
 }
 
+/// Host `host` of 10.0.0.0/24 (`family` 0), of fd00::/64 (1), or 10.0.0.`host` as an
+/// IPv4-mapped IPv6 address (2), which counts as its IPv4 address.
+fn address(family: u8, host: u8) -> IpAddr {
+    match family {
+        0 => IpAddr::V4(Ipv4Addr::new(10, 0, 0, host)),
+        1 => IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(host))),
+        _ => IpAddr::V6(Ipv4Addr::new(10, 0, 0, host).to_ipv6_mapped()),
+    }
+}
+
 fn cidr() -> impl Strategy<Value = Cidr> {
-    (0u8..4, prop::sample::select(vec![8u8, 24, 32]))
-        .prop_map(|(host, prefix)| Cidr::new(IpAddr::from([10, 0, 0, host]), prefix).unwrap())
+    (0u8..2, 0u8..4, 0usize..4).prop_map(|(family, host, p)| {
+        let prefix = if family == 0 { [0, 8, 24, 32][p] } else { [0, 64, 120, 128][p] };
+        Cidr::new(address(family, host), prefix).unwrap()
+    })
 }
 
 fn list<T: std::fmt::Debug>(s: impl Strategy<Value = T>) -> impl Strategy<Value = Vec<T>> {
@@ -154,6 +166,7 @@ proptest! {
         target_namespace in namespace(),
         named in prop::collection::vec(0usize..6, 0..3),
         (src, dst, port, id) in facts(),
+        (src_family, dst_family) in (0u8..3, 0u8..3),
     ) {
         let set: PolicySet = policies.iter().cloned().collect();
         let named: Vec<String> = named.iter().map(|i| {
@@ -162,8 +175,8 @@ proptest! {
         let target = Target { namespace: &target_namespace, policies: &named };
         let id = id.map(|s| SpiffeId::new(&s).unwrap());
         let conn = Connection {
-            source: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, src)), 40000),
-            destination: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, dst)), port),
+            source: SocketAddr::new(address(src_family, src), 40000),
+            destination: SocketAddr::new(address(dst_family, dst), port),
             identity: id.as_ref(),
         };
         for p in &policies {
