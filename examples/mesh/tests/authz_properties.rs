@@ -59,7 +59,11 @@ fn address(family: u8, host: u8) -> IpAddr {
 
 fn cidr() -> impl Strategy<Value = Cidr> {
     (0u8..2, 0u8..4, 0usize..4).prop_map(|(family, host, p)| {
-        let prefix = if family == 0 { [0, 8, 24, 32][p] } else { [0, 64, 120, 128][p] };
+        let prefix = if family == 0 {
+            [0, 8, 24, 32][p]
+        } else {
+            [0, 64, 120, 128][p]
+        };
         Cidr::new(address(family, host), prefix).unwrap()
     })
 }
