@@ -802,6 +802,10 @@ impl Router {
                         resource: Arc::clone(value),
                     });
                 }
+                // After the cache: a watch of a type already synced learns it at once.
+                if self.session.is_synced(url) {
+                    sink.deliver(&Event::Synced { type_url: url });
+                }
                 let ids = self.wildcard.entry(url).or_default();
                 ids.push(id);
                 if ids.len() == 1 {
@@ -884,6 +888,8 @@ impl Router {
             }
         };
         match ev.name() {
+            // The wildcard subscription's state is whole: its watchers' news alone.
+            None if matches!(ev, Event::Synced { .. }) => {}
             Some(name) => {
                 if let Some(ids) = self.named.get(url).and_then(|m| m.get(name)) {
                     ids.iter().for_each(&mut deliver);

@@ -42,6 +42,11 @@ pub enum WatchEvent<T> {
         /// Why it was rejected.
         error: String,
     },
+    /// Wildcard watches only: the server's whole state of the type has arrived (every event
+    /// of it was delivered before this one; none, when the server has no resource of the
+    /// type). Once per watch. A program that must not act on a partial view (a node proxy
+    /// enforcing authorization policies) waits for it.
+    Synced,
 }
 
 /// A stream of [`WatchEvent`]s for one resource or, for a wildcard watch, for every resource of
@@ -65,11 +70,13 @@ pub(crate) struct Sink {
 
 type Mailbox = Mutex<Pending>;
 
-/// Pending events, coalesced per name (`None`: errors that name no resource).
+/// Pending events, coalesced per name (`None`: errors that name no resource), and whether
+/// [`WatchEvent::Synced`] is due once they are read.
 #[derive(Default)]
 struct Pending {
     by_name: HashMap<Option<String>, Event>,
     order: VecDeque<Option<String>>,
+    synced: Option<Event>,
 }
 
 // === impl WatchEvent ===
@@ -80,6 +87,7 @@ impl<T> WatchEvent<T> {
         match self {
             WatchEvent::Updated { name, .. } | WatchEvent::Removed { name, .. } => Some(name),
             WatchEvent::Rejected { name, .. } => name.as_deref(),
+            WatchEvent::Synced => None,
         }
     }
 }
@@ -104,6 +112,7 @@ impl<T> Clone for WatchEvent<T> {
                 name: name.clone(),
                 error: error.clone(),
             },
+            WatchEvent::Synced => WatchEvent::Synced,
         }
     }
 }
@@ -193,8 +202,11 @@ fn lock(m: &Mailbox) -> MutexGuard<'_, Pending> {
 
 fn pop(m: &Mailbox) -> Option<Event> {
     let mut p = lock(m);
-    let key = p.order.pop_front()?;
-    p.by_name.remove(&key)
+    match p.order.pop_front() {
+        Some(key) => p.by_name.remove(&key),
+        // Synced comes after the events it vouches for.
+        None => p.synced.take(),
+    }
 }
 
 fn convert<T: Resource>(ev: Event) -> Option<WatchEvent<T>> {
@@ -211,6 +223,7 @@ fn convert<T: Resource>(ev: Event) -> Option<WatchEvent<T>> {
         },
         Event::Removed { name, reason, .. } => WatchEvent::Removed { name, reason },
         Event::Rejected { name, error, .. } => WatchEvent::Rejected { name, error },
+        Event::Synced { .. } => WatchEvent::Synced,
     })
 }
 
@@ -224,9 +237,13 @@ impl Sink {
         }
         {
             let mut p = lock(&self.shared);
-            let key = ev.name().map(str::to_owned);
-            if p.by_name.insert(key.clone(), ev.clone()).is_none() {
-                p.order.push_back(key);
+            if matches!(ev, Event::Synced { .. }) {
+                p.synced = Some(ev.clone());
+            } else {
+                let key = ev.name().map(str::to_owned);
+                if p.by_name.insert(key.clone(), ev.clone()).is_none() {
+                    p.order.push_back(key);
+                }
             }
         }
         // Full means a wake-up is already pending, which is all we need.

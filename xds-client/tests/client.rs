@@ -227,6 +227,11 @@ async fn ten_thousand_resource_snapshot() {
         while seen.len() < 10_000 {
             seen.insert(expect_updated(&mut all).await.name.clone());
         }
+        // The whole state is in: the watch is told so, once.
+        assert!(
+            matches!(next(&mut all).await, WatchEvent::Synced),
+            "{mode:?}"
+        );
         // One change among 10,000 arrives alone.
         let mut changed = clusters.clone();
         changed[42] = cluster("c42", 7);
@@ -340,6 +345,60 @@ fn public_types_are_send_sync_unpin() {
     send::<meshkit_xds_client::Driver>();
     fn unpin<T: Unpin>() {}
     unpin::<Watch<Cluster>>();
+}
+
+#[tokio::test]
+async fn a_wildcard_watch_learns_when_the_servers_state_is_whole() {
+    for mode in MODES {
+        let server = FakeServer::start().await.unwrap();
+        server.set_snapshot(
+            Snapshot::new().with_resources("v1", &[cluster("a", 1), cluster("b", 1)]),
+        );
+        let client = client(&server, mode);
+        let mut all = client.watch_all::<Cluster>();
+        let mut names = Vec::new();
+        loop {
+            match next(&mut all).await {
+                WatchEvent::Updated { name, .. } => names.push(name),
+                WatchEvent::Synced => break,
+                other => panic!("{mode:?}: {other:?}"),
+            }
+        }
+        names.sort();
+        assert_eq!(names, ["a", "b"], "{mode:?}: synced before the state");
+        // Once: a new version is an update, not another sync.
+        server.set_snapshot(Snapshot::new().with_resources("v2", &[cluster("a", 2)]));
+        assert!(
+            matches!(
+                next(&mut all).await,
+                WatchEvent::Updated { .. } | WatchEvent::Removed { .. }
+            ),
+            "{mode:?}"
+        );
+        // A later wildcard watch gets the cache, then the sync at once.
+        let mut later = client.watch_all::<Cluster>();
+        loop {
+            match next(&mut later).await {
+                WatchEvent::Updated { .. } => {}
+                WatchEvent::Synced => break,
+                other => panic!("{mode:?}: {other:?}"),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_empty_state_is_whole_too() {
+    for mode in MODES {
+        let server = FakeServer::start().await.unwrap();
+        server.set_snapshot(Snapshot::new().with_resources::<Cluster>("v1", &[]));
+        let client = client(&server, mode);
+        let mut all = client.watch_all::<Cluster>();
+        assert!(
+            matches!(next(&mut all).await, WatchEvent::Synced),
+            "{mode:?}"
+        );
+    }
 }
 
 #[tokio::test]

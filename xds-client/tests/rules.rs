@@ -1046,3 +1046,71 @@ fn node_only_on_first_request_of_each_stream() {
     assert!(reqs[0].node.is_some());
     assert!(reqs[1].node.is_none());
 }
+
+// === the wildcard subscription's first state ===
+
+fn synced(events: &[Event]) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::Synced { .. }))
+        .count()
+}
+
+#[test]
+fn a_wildcard_subscription_is_synced_by_its_first_response_even_an_empty_one() {
+    for mode in [SOTW, DELTA] {
+        let mut h = H::new(mode);
+        h.s.subscribe_wildcard(cds());
+        h.connect();
+        assert_eq!(h.requests().len(), 1, "{mode:?}");
+        assert!(!h.s.is_synced(CDS), "{mode:?}: synced before any response");
+        match mode {
+            Mode::StateOfTheWorld => h.sotw(CDS, "1", "n1", vec![]),
+            _ => h.delta(CDS, "n1", vec![], &[]),
+        }
+        let events = h.events();
+        assert_eq!(synced(&events), 1, "{mode:?}: {events:?}");
+        assert!(h.s.is_synced(CDS), "{mode:?}");
+        // Later responses do not say it again; their events come as usual.
+        match mode {
+            Mode::StateOfTheWorld => h.sotw(CDS, "2", "n2", vec![any(&cluster("a"))]),
+            _ => h.delta(CDS, "n2", vec![delta_res(&cluster("a"), "1")], &[]),
+        }
+        let events = h.events();
+        assert_eq!(synced(&events), 0, "{mode:?}: {events:?}");
+        assert_eq!(updated(&events), ["a"], "{mode:?}");
+        // Ending the wildcard subscription forgets it.
+        h.s.unsubscribe_wildcard(CDS);
+        assert!(!h.s.is_synced(CDS), "{mode:?}");
+    }
+}
+
+#[test]
+fn synced_follows_the_events_of_the_response_it_completes() {
+    let mut h = H::new(DELTA);
+    h.s.subscribe_wildcard(cds());
+    h.connect();
+    h.delta_requests();
+    h.delta(
+        CDS,
+        "n1",
+        vec![
+            delta_res(&cluster("a"), "1"),
+            delta_res(&bad_cluster("b"), "1"),
+        ],
+        &[],
+    );
+    let events = h.events();
+    let last = events.last().expect("events");
+    assert!(matches!(last, Event::Synced { .. }), "{events:?}");
+    assert_eq!(updated(&events), ["a"]);
+    assert_eq!(rejected(&events), [Some("b")]);
+}
+
+#[test]
+fn a_named_subscription_alone_is_never_synced() {
+    let mut h = delta_ab();
+    h.delta(CDS, "n1", vec![delta_res(&cluster("a"), "1")], &[]);
+    assert_eq!(synced(&h.events()), 0);
+    assert!(!h.s.is_synced(CDS));
+}

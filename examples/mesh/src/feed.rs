@@ -39,23 +39,43 @@ pub fn spawn_client(config: ClientConfig) -> (XdsClient, JoinHandle<()>) {
 
 /// Keeps `tx` at the mesh described by the Address and Authorization resources `client`
 /// receives. Returns when the client is gone.
+///
+/// Nothing is sent until the server's whole state of both types has arrived
+/// ([`WatchEvent::Synced`]): a view with the workloads but not yet the policies would let a
+/// node proxy serve them with no policy to enforce, and admit what the policies deny. A
+/// server must therefore answer both wildcard subscriptions, with an empty response when it
+/// has nothing of a type (meshkit's control plane does, as istiod does for ztunnel).
 pub async fn feed_mesh(client: XdsClient, tx: watch::Sender<MeshConfig>) {
     let mut addresses = client.watch_all::<AddressResource>();
     let mut authorizations = client.watch_all::<AuthorizationResource>();
     let mut current: BTreeMap<String, AddressResource> = BTreeMap::new();
     let mut policies: BTreeMap<String, AuthorizationResource> = BTreeMap::new();
+    let (mut addresses_synced, mut policies_synced, mut sent) = (false, false, false);
     loop {
         let changed = tokio::select! {
             event = addresses.next() => match event {
+                Some(WatchEvent::Synced) => {
+                    addresses_synced = true;
+                    false
+                }
                 Some(event) => apply(&mut current, event),
                 None => return,
             },
             event = authorizations.next() => match event {
+                Some(WatchEvent::Synced) => {
+                    policies_synced = true;
+                    false
+                }
                 Some(event) => apply(&mut policies, event),
                 None => return,
             },
         };
-        if changed {
+        if !(addresses_synced && policies_synced) {
+            continue;
+        }
+        // The first time both are whole, the view goes out even if empty.
+        if changed || !sent {
+            sent = true;
             let mut mesh = mesh_config(current.values());
             mesh.policies = policies.values().map(|p| (*p.policy).clone()).collect();
             tx.send_replace(mesh);

@@ -92,6 +92,13 @@ pub enum Event {
         /// Why it was rejected.
         error: String,
     },
+    /// The first response to the wildcard subscription of a type was applied: the events
+    /// before this one are the server's whole state of the type (none, when it has no
+    /// resource of it). Once per wildcard subscription, after that response's events.
+    Synced {
+        /// The type URL.
+        type_url: &'static str,
+    },
 }
 
 /// Why a resource was removed.
@@ -141,6 +148,9 @@ struct TypeState {
     changed: BTreeSet<String>,
     /// Queued in `Session::dirty`.
     dirty: bool,
+    /// A response to the wildcard subscription was applied ([`Event::Synced`] sent); cleared
+    /// when the wildcard subscription ends.
+    synced: bool,
 }
 
 #[derive(Default)]
@@ -290,7 +300,8 @@ impl Event {
         match self {
             Event::Updated { type_url, .. }
             | Event::Removed { type_url, .. }
-            | Event::Rejected { type_url, .. } => type_url,
+            | Event::Rejected { type_url, .. }
+            | Event::Synced { type_url } => type_url,
         }
     }
 
@@ -299,6 +310,7 @@ impl Event {
         match self {
             Event::Updated { name, .. } | Event::Removed { name, .. } => Some(name),
             Event::Rejected { name, .. } => name.as_deref(),
+            Event::Synced { .. } => None,
         }
     }
 }
@@ -336,6 +348,10 @@ impl fmt::Debug for Event {
                 .field("type_url", type_url)
                 .field("name", name)
                 .field("error", error)
+                .finish(),
+            Event::Synced { type_url } => f
+                .debug_struct("Synced")
+                .field("type_url", type_url)
                 .finish(),
         }
     }
@@ -420,8 +436,28 @@ impl Session {
         };
         if ts.wildcard {
             ts.wildcard = false;
+            ts.synced = false;
             ts.changed.insert(WILDCARD.to_owned());
             self.mark_dirty(type_url);
+        }
+    }
+
+    /// Whether a response to the wildcard subscription of `type_url` has been applied
+    /// ([`Event::Synced`]).
+    pub fn is_synced(&self, type_url: &str) -> bool {
+        self.types.get(type_url).is_some_and(|ts| ts.synced)
+    }
+
+    /// After a response of `type_url` was applied: the wildcard subscription is synced if the
+    /// server had been told of it when it answered.
+    fn mark_synced(&mut self, type_url: &'static str) {
+        let Some(ts) = self.types.get_mut(type_url) else {
+            return;
+        };
+        let told = ts.sent.as_ref().is_some_and(|sent| sent.wildcard);
+        if ts.wildcard && told && !ts.synced {
+            ts.synced = true;
+            self.events.push_back(Event::Synced { type_url });
         }
     }
 
@@ -816,6 +852,7 @@ impl Session {
             nonce: resp.nonce,
             error,
         });
+        self.mark_synced(kind.type_url());
     }
 
     fn handle_delta(&mut self, now: Instant, resp: DeltaDiscoveryResponse) {
@@ -878,6 +915,7 @@ impl Session {
             nonce: resp.nonce,
             error: summarize(&errors),
         });
+        self.mark_synced(kind.type_url());
     }
 
     /// Applies the valid resources of a response and records the rejected ones, adding to

@@ -205,6 +205,7 @@ fn json_line<T>(kind: &str, event: &WatchEvent<T>) -> String {
         WatchEvent::Rejected { name, error } => serde_json::json!({
             "type": kind, "event": "error", "name": name, "error": error,
         }),
+        WatchEvent::Synced => serde_json::json!({ "type": kind, "event": "synced" }),
         _ => serde_json::json!({ "type": kind, "event": "unknown" }),
     };
     value.to_string()
