@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll};
@@ -18,7 +18,7 @@ use meshkit_identity::{
 };
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
@@ -44,6 +44,12 @@ pub struct Target {
     pub local_identity: SpiffeId,
     /// Extra request headers (`Forwarded`, `traceparent`, `baggage`, ...).
     pub headers: HeaderMap,
+    /// The local address the HBONE connection leaves from, so that the peer sees the
+    /// original client's address as the connection's source (what a node proxy does for the
+    /// workloads it serves, and what IP-block policies at the peer are written against);
+    /// `None` (the default): the system's choice. The address must be one the host (or
+    /// network namespace) holds. Connections are pooled per source.
+    pub source: Option<IpAddr>,
 }
 
 impl Target {
@@ -61,7 +67,14 @@ impl Target {
             peer_identities: BTreeSet::from([peer_identity]),
             local_identity,
             headers: HeaderMap::new(),
+            source: None,
         }
+    }
+
+    /// Opens the HBONE connection from the local address `source` ([`Target::source`]).
+    pub fn from_source(mut self, source: IpAddr) -> Self {
+        self.source = Some(source);
+        self
     }
 
     /// Also accepts `id` as the peer's identity.
@@ -110,16 +123,18 @@ impl Target {
             local: self.local_identity.clone(),
             peers: self.peer_identities.clone(),
             address: self.peer,
+            source: self.source,
         }
     }
 }
 
-/// Connections are shared only between tunnels that agree on all three.
+/// Connections are shared only between tunnels that agree on all four.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct PoolKey {
     local: SpiffeId,
     peers: BTreeSet<SpiffeId>,
     address: SocketAddr,
+    source: Option<IpAddr>,
 }
 
 /// Opens the transport under an HBONE connection: TCP, or a tunnel for HBONE in HBONE.
@@ -129,6 +144,23 @@ pub trait Connect: Clone + Send + Sync + 'static {
 
     /// Connects to `addr`.
     fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<Self::Io>>;
+
+    /// Connects to `addr` from the local address `source` ([`Target::source`]). A transport
+    /// that cannot choose its source address refuses (the default): a connection from the
+    /// wrong address would be judged by the peer as someone else's.
+    fn connect_from(
+        &self,
+        addr: SocketAddr,
+        source: IpAddr,
+    ) -> BoxFuture<'static, io::Result<Self::Io>> {
+        let _ = addr;
+        Box::pin(async move {
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("this transport cannot open a connection from {source}"),
+            ))
+        })
+    }
 }
 
 /// Plain TCP with `TCP_NODELAY`.
@@ -141,6 +173,24 @@ impl Connect for TcpConnector {
     fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<TcpStream>> {
         Box::pin(async move {
             let sock = TcpStream::connect(addr).await?;
+            sock.set_nodelay(true)?;
+            Ok(sock)
+        })
+    }
+
+    fn connect_from(
+        &self,
+        addr: SocketAddr,
+        source: IpAddr,
+    ) -> BoxFuture<'static, io::Result<TcpStream>> {
+        Box::pin(async move {
+            let socket = match addr {
+                SocketAddr::V4(_) => TcpSocket::new_v4()?,
+                SocketAddr::V6(_) => TcpSocket::new_v6()?,
+            };
+            // Port 0: the system picks the port; only the address is the client's.
+            socket.bind(SocketAddr::new(source, 0))?;
+            let sock = socket.connect(addr).await?;
             sock.set_nodelay(true)?;
             Ok(sock)
         })
@@ -590,7 +640,10 @@ impl<C: Connect> Client<C> {
         };
         let io = tokio::time::timeout(
             config.connect_timeout,
-            self.inner.connector.connect(target.peer),
+            match target.source {
+                None => self.inner.connector.connect(target.peer),
+                Some(source) => self.inner.connector.connect_from(target.peer, source),
+            },
         )
         .await
         .map_err(|_| Error::new(Kind::Timeout("connect")))?

@@ -109,6 +109,36 @@ async fn different_keys_get_different_connections() {
     assert_eq!(client.connections_opened(), 2);
 }
 
+#[tokio::test]
+async fn a_tunnel_from_a_source_address_leaves_from_it_and_is_pooled_by_it() {
+    // What the peer sees: a plain listener in its place records the connection's source.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let pki = Pki::new();
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let source: std::net::IpAddr = "127.0.0.3".parse().unwrap();
+    let opening = tokio::spawn({
+        let client = client.clone();
+        async move { client.open(target(addr, addr).from_source(source)).await }
+    });
+    let (sock, from) = within("the connection", listener.accept()).await.unwrap();
+    assert_eq!(from.ip(), source);
+    drop(sock);
+    assert!(opening.await.unwrap().is_err(), "no HBONE server there");
+
+    // Through a real server: one connection per source, shared by that source's tunnels.
+    let backend = echo_backend().await;
+    let server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    let from = |ip: &str| target(server.addr, backend).from_source(ip.parse().unwrap());
+    let a = client.open(from("127.0.0.2")).await.unwrap();
+    assert_eq!(round_trip(a, b"a").await, b"a");
+    let b = client.open(from("127.0.0.3")).await.unwrap();
+    assert_eq!(round_trip(b, b"b").await, b"b");
+    let again = client.open(from("127.0.0.2")).await.unwrap();
+    assert_eq!(round_trip(again, b"c").await, b"c");
+    assert_eq!(server.stats.connections_accepted(), 2);
+}
+
 /// In memory and on paused time: the 200 ms idle timeouts below are exact.
 #[tokio::test(start_paused = true)]
 async fn a_connection_the_server_closes_when_idle_leaves_the_pool() {

@@ -163,6 +163,16 @@ apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: src-gw, namespace: edge}
 spec: {address: 10.250.0.7, serviceAccount: gw, labels: {app: src-gw, meshkit.io/node: node-m}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: src-quarantined, namespace: ops}
+spec: {address: 10.250.0.8, serviceAccount: quarantined, labels: {app: src-quarantined, meshkit.io/node: node-m}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: src-listed, namespace: edge}
+spec: {address: 10.250.0.10, serviceAccount: listed, labels: {app: src-listed, meshkit.io/node: node-m}}
 "#;
 
 /// ztunnel's workload takes mk-app only; mk's workloads take the zt namespace only.
@@ -193,6 +203,15 @@ spec:
   - from: [{source: {principals: [cluster.local/ns/mk/sa/a]}}]
     to: [{operation: {ports: ["9000"]}}]
   - from: [{source: {namespaces: [ops]}}]
+  - from: [{source: {ipBlocks: [10.250.0.10/32]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-quarantine, namespace: zt}
+spec:
+  action: DENY
+  rules:
+  - from: [{source: {ipBlocks: [10.250.0.8/32]}}]
 ---
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
@@ -225,7 +244,7 @@ spec:
 
 /// The decision table: (caller, its address, destination port, allowed), the same on
 /// ztunnel's zt-app and meshkit's mk-twin.
-const TABLE: [(&str, &str, u16, bool); 10] = [
+const TABLE: [(&str, &str, u16, bool); 13] = [
     (
         "mk/sa/a: principal on its port (dry-run DENY not enforced)",
         "10.250.0.4",
@@ -276,6 +295,24 @@ const TABLE: [(&str, &str, u16, bool); 10] = [
         9001,
         false,
     ),
+    (
+        "ops/sa/quarantined: DENY by IP block over the namespace ALLOW",
+        "10.250.0.8",
+        9000,
+        false,
+    ),
+    (
+        "edge/sa/listed: ALLOW by IP block (its namespace is not listed)",
+        "10.250.0.10",
+        9000,
+        true,
+    ),
+    (
+        "edge/sa/listed: ALLOW by IP block, other port (DENY with notValues)",
+        "10.250.0.10",
+        9001,
+        false,
+    ),
 ];
 
 /// The network namespaces and veth pair of one run; removed on drop.
@@ -318,7 +355,9 @@ impl Netns {
                     "10.250.0.5/24",
                     "10.250.0.6/24",
                     "10.250.0.7/24",
+                    "10.250.0.8/24",
                     "10.250.0.9/24",
+                    "10.250.0.10/24",
                 ][..],
             ),
         ] {
@@ -513,6 +552,9 @@ fn a_real_ztunnel_joins_the_mesh() {
             "10.250.0.2:15084=twin.zt.svc.cluster.local:81",
             "--admin-addr",
             "127.0.0.1:15020",
+            // Tunnels leave from the caller's own address, as ztunnel's in-pod mode's do:
+            // ztunnel judges IP blocks by the HBONE connection's source.
+            "--preserve-source-address",
         ],
         &[("RUST_LOG", "info".to_owned())],
         &dir.join("node-proxy.log"),

@@ -129,6 +129,13 @@ pub struct NodeProxyConfig {
     /// start): then readiness waits for the first update of the channel. Default: false (the
     /// mesh given is current, as a mesh file's).
     pub wait_for_first_mesh: bool,
+    /// Whether an outbound HBONE connection leaves from the source workload's own address,
+    /// so that the peer sees the workload, not the node, as the connection's source (what
+    /// IP-block policies at the peer are written against; ztunnel's in-pod mode does the
+    /// same). The workload addresses must then be addresses of this host or network
+    /// namespace; a connection that cannot bind to its workload's address fails. Connections
+    /// are pooled per workload address. Default: false (the system's choice of address).
+    pub preserve_source_address: bool,
 }
 
 impl NodeProxyConfig {
@@ -147,7 +154,15 @@ impl NodeProxyConfig {
             reserved: Vec::new(),
             telemetry: Telemetry::new(),
             wait_for_first_mesh: false,
+            preserve_source_address: false,
         }
+    }
+
+    /// Opens outbound HBONE connections from the source workload's address
+    /// ([`NodeProxyConfig::preserve_source_address`]).
+    pub fn preserving_source_address(mut self) -> Self {
+        self.preserve_source_address = true;
+        self
     }
 
     /// Uses `telemetry` (made before the start, so that an admin endpoint answers while the
@@ -306,6 +321,7 @@ impl NodeProxy {
                     client: client.clone(),
                     telemetry: telemetry.clone(),
                     drain: drain_rx.clone(),
+                    preserve_source_address: config.preserve_source_address,
                 },
             ));
             tasks.push(AbortOnDrop::new(task));

@@ -50,6 +50,9 @@ pub(super) struct Outbound {
     pub(super) telemetry: Telemetry,
     /// Turns true when the node proxy drains: stop accepting, let the connections finish.
     pub(super) drain: watch::Receiver<bool>,
+    /// Tunnels leave from the source workload's address
+    /// ([`NodeProxyConfig::preserve_source_address`](crate::NodeProxyConfig::preserve_source_address)).
+    pub(super) preserve_source_address: bool,
 }
 
 /// What an accepted connection will try, decided when it is accepted.
@@ -98,6 +101,7 @@ pub(super) async fn serve(listener: TcpListener, mut ctx: Outbound) {
             source,
             &next,
             &traceparent,
+            ctx.preserve_source_address,
         );
         let span = tracing::info_span!(
             "outbound",
@@ -125,6 +129,7 @@ fn plan(
     source: SocketAddr,
     next: &AtomicUsize,
     traceparent: &str,
+    preserve_source_address: bool,
 ) -> Result<Plan, Refusal> {
     let service = view
         .service_labels(&rule.service)
@@ -180,6 +185,11 @@ fn plan(
         .map(|ep| {
             let target = Target::new(ep.hbone, ep.address, local_id.clone(), ep.identity.clone())
                 .forwarded_for(source);
+            let target = if preserve_source_address {
+                target.from_source(source.ip())
+            } else {
+                target
+            };
             // A traceparent of our own making is always a valid header value.
             let target = target.clone().traceparent(traceparent).unwrap_or(target);
             let target = match &baggage {

@@ -96,6 +96,11 @@ struct Args {
     /// On SIGTERM, how long open connections may take to finish before they are reset.
     #[arg(long, default_value_t = 5)]
     drain_seconds: u64,
+    /// Open outbound HBONE connections from the source workload's own address (it must be an
+    /// address of this host), so that peers see the workload as the source, as IP-block
+    /// policies expect.
+    #[arg(long)]
+    preserve_source_address: bool,
 }
 
 fn parse_outbound(s: &str) -> Result<OutboundListener, String> {
@@ -180,6 +185,9 @@ async fn run(args: Args, filter: LogFilter) -> Result<(), CliError> {
         .with_reserved(admin_addr);
     for rule in args.outbound {
         config = config.with_outbound(rule);
+    }
+    if args.preserve_source_address {
+        config = config.preserving_source_address();
     }
 
     let Some(mesh_file) = args.mesh.clone() else {
