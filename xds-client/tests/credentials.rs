@@ -83,6 +83,8 @@ async fn rest(watch: &mut Watch<Cluster>, names: &mut Vec<String>) {
     while let Some(event) = bounded("the watch ends with its driver", watch.next()).await {
         match event {
             WatchEvent::Updated { name, .. } => names.push(name),
+            // The view is whole: it says nothing about which clusters are in it.
+            WatchEvent::Synced => {}
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -100,6 +102,7 @@ async fn admitted(config: ClientConfig) -> Vec<String> {
     while !names.iter().any(|n| n == "visible") {
         match bounded("the first clusters", watch.next()).await {
             Some(WatchEvent::Updated { name, .. }) => names.push(name),
+            Some(WatchEvent::Synced) => {}
             Some(other) => panic!("unexpected {other:?}"),
             None => panic!("the driver stopped: {:?}", driver.await),
         }

@@ -640,8 +640,29 @@ fn run(mode: Mode, ignore_deletions: bool, ops: Vec<Op>) -> Result<(), TestCaseE
             }
         }
 
-        // Events: exactly the model's.
-        let mut got: Vec<Seen> = std::iter::from_fn(|| s.poll_event()).map(seen).collect();
+        // Events: exactly the model's, and the wildcard subscription's sync at most once per
+        // step, after the step's other events (the model does not track what the server was
+        // told, so `Synced` is checked for its place, not predicted).
+        let events: Vec<Event> = std::iter::from_fn(|| s.poll_event()).collect();
+        let synced = events
+            .iter()
+            .filter(|e| matches!(e, Event::Synced { .. }))
+            .count();
+        prop_assert!(synced <= 1, "{}: {:?}", at, events);
+        if synced == 1 {
+            prop_assert!(
+                matches!(events.last(), Some(Event::Synced { .. })),
+                "{}: {:?}",
+                at,
+                events
+            );
+            prop_assert!(s.is_synced(CLUSTER_TYPE_URL), "{}", at);
+        }
+        let mut got: Vec<Seen> = events
+            .into_iter()
+            .filter(|e| !matches!(e, Event::Synced { .. }))
+            .map(seen)
+            .collect();
         let mut want = std::mem::take(&mut m.events);
         got.sort();
         want.sort();
