@@ -2,7 +2,11 @@
 //! reference over a plain list (`authz::reference::decide`) in the same run:
 //!
 //! - `authz_applying_N`: N policies all apply to the destination (its namespace's), the
-//!   connection matches none of the DENY ones and the last ALLOW one: every policy is read;
+//!   connection matches none of the DENY ones and the last ALLOW one. Each names a
+//!   principal of its own, so the set reads only the one naming the caller;
+//! - `authz_naming_caller_N`: the same, but every policy names the caller's principal (and
+//!   all but the last another port): the set's index cannot rule any out, and every policy
+//!   is read, the worst case;
 //! - `authz_other_namespaces_N`: the same 10 applying policies among N in other namespaces,
 //!   which the index never reads and the reference scans.
 //!
@@ -21,15 +25,31 @@ use meshkit_mesh::authz::{
 };
 
 const APPLYING: [usize; 3] = [1, 100, 10_000];
+const NAMING_CALLER: [usize; 2] = [100, 10_000];
 const OTHERS: [usize; 2] = [100, 10_000];
+
+/// Which principal the policies name.
+#[derive(Clone, Copy)]
+enum Naming {
+    /// Each its own, the matching one the caller's.
+    Own,
+    /// The caller's; those that must not match name another port.
+    Caller,
+}
+
+const CALLER: &str = "cluster.local/ns/edge/sa/gateway";
 
 /// A policy of namespace `ns` that the bench's connection does not match (DENY) or matches
 /// only when `hit` (ALLOW): principals, namespaces, a service account, IP blocks and ports.
-fn policy(ns: &str, i: usize, action: Action, hit: bool) -> Policy {
-    let principal = if hit {
-        "cluster.local/ns/edge/sa/gateway".to_owned()
+fn policy(ns: &str, i: usize, action: Action, hit: bool, naming: Naming) -> Policy {
+    let principal = match (hit, naming) {
+        (true, _) | (false, Naming::Caller) => CALLER.to_owned(),
+        (false, Naming::Own) => format!("cluster.local/ns/edge/sa/other-{i}"),
+    };
+    let destination_ports = if hit {
+        vec![8080, 9090]
     } else {
-        format!("cluster.local/ns/edge/sa/other-{i}")
+        vec![9090, 9091]
     };
     Policy {
         name: format!("p{i}"),
@@ -44,7 +64,7 @@ fn policy(ns: &str, i: usize, action: Action, hit: bool) -> Policy {
             Rule::of([
                 Match {
                     principals: vec![StringMatch::Exact(principal)],
-                    destination_ports: vec![8080, 9090],
+                    destination_ports,
                     not_source_ips: vec!["192.168.0.0/16".parse::<Cidr>().unwrap()],
                     ..Match::default()
                 },
@@ -63,7 +83,7 @@ fn policy(ns: &str, i: usize, action: Action, hit: bool) -> Policy {
 
 /// `applying` policies of namespace `shop` (half DENY, the last an ALLOW that matches), and
 /// `others` in other namespaces.
-fn policies(applying: usize, others: usize) -> Vec<Policy> {
+fn policies(applying: usize, others: usize, naming: Naming) -> Vec<Policy> {
     let mut all: Vec<Policy> = (0..applying)
         .map(|i| {
             let last = i + 1 == applying;
@@ -72,12 +92,13 @@ fn policies(applying: usize, others: usize) -> Vec<Policy> {
             } else {
                 Action::Allow
             };
-            policy("shop", i, action, last)
+            policy("shop", i, action, last, naming)
         })
         .collect();
-    all.extend(
-        (0..others).map(|i| policy(&format!("ns-{}", i % 97), applying + i, Action::Allow, true)),
-    );
+    all.extend((0..others).map(|i| {
+        let ns = format!("ns-{}", i % 97);
+        policy(&ns, applying + i, Action::Allow, true, Naming::Own)
+    }));
     all
 }
 
@@ -92,16 +113,8 @@ fn decisions(c: &mut Criterion) {
         namespace: "shop",
         policies: &[],
     };
-    for (name, applying, others) in APPLYING
-        .iter()
-        .map(|&n| (format!("authz_applying_{n}"), n, 0))
-        .chain(
-            OTHERS
-                .iter()
-                .map(|&n| (format!("authz_other_namespaces_{n}"), 10, n)),
-        )
-    {
-        let list = policies(applying, others);
+    for (name, applying, others, naming) in groups() {
+        let list = policies(applying, others, naming);
         let set: PolicySet = list.iter().cloned().collect();
         // Both must agree before their speed is compared.
         let evaluation = set.evaluate(target, &conn);
@@ -139,17 +152,27 @@ fn decisions(c: &mut Criterion) {
     }
 }
 
+/// Each group: its name, the applying policies, the others, and what they name.
+fn groups() -> impl Iterator<Item = (String, usize, usize, Naming)> {
+    let applying = APPLYING
+        .iter()
+        .map(|&n| (format!("authz_applying_{n}"), n, 0, Naming::Own));
+    let naming_caller = NAMING_CALLER
+        .iter()
+        .map(|&n| (format!("authz_naming_caller_{n}"), n, 0, Naming::Caller));
+    let others = OTHERS
+        .iter()
+        .map(|&n| (format!("authz_other_namespaces_{n}"), 10, n, Naming::Own));
+    applying.chain(naming_caller).chain(others)
+}
+
 criterion_group!(benches, decisions);
 
 fn main() {
     let run = Run::start();
     benches();
     Criterion::default().configure_from_args().final_summary();
-    let groups: Vec<String> = APPLYING
-        .iter()
-        .map(|n| format!("authz_applying_{n}"))
-        .chain(OTHERS.iter().map(|n| format!("authz_other_namespaces_{n}")))
-        .collect();
+    let groups: Vec<String> = groups().map(|(name, ..)| name).collect();
     let ratios: Vec<Ratio<'_>> = groups
         .iter()
         .map(|group| Ratio {

@@ -24,7 +24,11 @@
 //!   namespace `""` and matches no principal and no service account.
 //!
 //! Evaluation allocates nothing, and its cost grows with the policies that apply, never with
-//! those that do not: the set is indexed by namespace.
+//! those that do not: the set is indexed by namespace. Within a namespace, each policy is
+//! indexed by what its rules require of the source (the principals, service accounts,
+//! namespaces or ports one of which it names), so a decision reads only the policies its
+//! connection could match, and those that name nothing an index can stand for (IP blocks,
+//! negative conditions only).
 //!
 //! ```
 //! use meshkit_identity::SpiffeId;
@@ -70,9 +74,11 @@ use crate::Cidr;
 use crate::proto::security as pb;
 
 mod compiled;
+mod index;
 pub mod reference;
 
 use compiled::Compiled;
+use index::Index;
 
 /// One authorization policy: `istio.security.Authorization` in checked form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -287,13 +293,11 @@ pub struct PolicySet {
 }
 
 /// The policies of one scope (a namespace's, or the global ones), split by action, so that a
-/// decision reads each list once and never looks at an action or a scope again.
+/// decision reads each index once and never looks at an action or a scope again.
 #[derive(Debug, Clone, Default)]
 struct Bucket {
-    deny: Vec<Arc<Compiled>>,
-    allow: Vec<Arc<Compiled>>,
-    /// How many of them are dry runs.
-    dry_runs: usize,
+    deny: Index,
+    allow: Index,
 }
 
 // === impl Policy ===
@@ -681,8 +685,8 @@ impl PolicySet {
                 .filter_map(|key| self.by_key.get(key))
         };
         let decision = self.decide(namespaced, named(), &facts, false);
-        let any_dry_run = namespaced.is_some_and(|b| b.dry_runs > 0)
-            || self.global.dry_runs > 0
+        let any_dry_run = namespaced.is_some_and(|b| b.dry_runs() > 0)
+            || self.global.dry_runs() > 0
             || named().any(|c| c.policy.dry_run);
         let dry_run = any_dry_run.then(|| self.decide(namespaced, named(), &facts, true));
         Evaluation { decision, dry_run }
@@ -694,7 +698,7 @@ impl PolicySet {
         let namespaced = self.by_namespace.get(target.namespace);
         let buckets = namespaced.into_iter().chain([&self.global]);
         buckets
-            .flat_map(|b| b.deny.iter().chain(&b.allow))
+            .flat_map(|b| b.deny.iter().chain(b.allow.iter()))
             .chain(
                 target
                     .policies
@@ -711,24 +715,26 @@ impl PolicySet {
         facts: &Facts<'_>,
         with_dry_run: bool,
     ) -> Decision<'p> {
-        let counted = |c: &&'p Arc<Compiled>| with_dry_run || !c.policy.dry_run;
+        let counted = |c: &Compiled| with_dry_run || !c.policy.dry_run;
+        let hit = |c: &Compiled| counted(c) && c.matches(facts);
         let buckets = || namespaced.into_iter().chain([&self.global]);
-        let denies = buckets()
-            .flat_map(|b| &b.deny)
-            .chain(named.clone().filter(|c| c.policy.action == Action::Deny));
-        if let Some(deny) = denies.filter(counted).find(|c| c.matches(facts)) {
+        let indexed =
+            |index: fn(&'p Bucket) -> &'p Index| buckets().find_map(|b| index(b).find(facts, hit));
+        let named_with = |action| named.clone().filter(move |c| c.policy.action == action);
+        if let Some(deny) =
+            indexed(|b| &b.deny).or_else(|| named_with(Action::Deny).find(|c| hit(c)))
+        {
             return Decision::Denied(&deny.policy);
         }
-        let allows = buckets()
-            .flat_map(|b| &b.allow)
-            .chain(named.filter(|c| c.policy.action == Action::Allow));
-        let mut any_allow = false;
-        for allow in allows.filter(counted) {
-            if allow.matches(facts) {
-                return Decision::Allowed(&allow.policy);
-            }
-            any_allow = true;
+        if let Some(allow) =
+            indexed(|b| &b.allow).or_else(|| named_with(Action::Allow).find(|c| hit(c)))
+        {
+            return Decision::Allowed(&allow.policy);
         }
+        let enforced =
+            |index: &Index| index.len() - if with_dry_run { 0 } else { index.dry_runs() };
+        let any_allow = buckets().any(|b| enforced(&b.allow) > 0)
+            || named_with(Action::Allow).any(|c| counted(c));
         if any_allow {
             Decision::NotAllowed
         } else {
@@ -740,25 +746,28 @@ impl PolicySet {
 // === impl Bucket ===
 
 impl Bucket {
-    fn insert(&mut self, compiled: &Arc<Compiled>) {
-        match compiled.policy.action {
-            Action::Deny => self.deny.push(compiled.clone()),
-            Action::Allow => self.allow.push(compiled.clone()),
+    fn index_mut(&mut self, action: Action) -> &mut Index {
+        match action {
+            Action::Deny => &mut self.deny,
+            Action::Allow => &mut self.allow,
         }
-        self.dry_runs += usize::from(compiled.policy.dry_run);
+    }
+
+    fn insert(&mut self, compiled: &Arc<Compiled>) {
+        self.index_mut(compiled.policy.action).insert(compiled);
     }
 
     fn remove(&mut self, compiled: &Arc<Compiled>) {
-        let list = match compiled.policy.action {
-            Action::Deny => &mut self.deny,
-            Action::Allow => &mut self.allow,
-        };
-        list.retain(|c| !Arc::ptr_eq(c, compiled));
-        self.dry_runs -= usize::from(compiled.policy.dry_run);
+        self.index_mut(compiled.policy.action).remove(compiled);
+    }
+
+    /// How many of its policies are dry runs.
+    fn dry_runs(&self) -> usize {
+        self.deny.dry_runs() + self.allow.dry_runs()
     }
 
     fn is_empty(&self) -> bool {
-        self.deny.is_empty() && self.allow.is_empty()
+        self.deny.len() == 0 && self.allow.len() == 0
     }
 }
 

@@ -206,6 +206,46 @@ proptest! {
     }
 
     #[test]
+    fn removals_and_replacements_leave_the_set_deciding_as_the_reference(
+        first in policies(),
+        second in policies(),
+        removed in prop::collection::vec((namespace(), 0usize..6), 0..4),
+        target_namespace in namespace(),
+        (src, dst, port, id) in facts(),
+    ) {
+        // Inserting a policy replaces the one with its key; what the set then holds is
+        // what a map by key holds.
+        let mut set: PolicySet = first.iter().cloned().collect();
+        let mut held: std::collections::BTreeMap<String, Policy> =
+            first.into_iter().map(|p| (p.key(), p)).collect();
+        for p in second {
+            set.insert(p.clone());
+            held.insert(p.key(), p);
+        }
+        for (ns, i) in removed {
+            let key = format!("{ns}/p{i}");
+            prop_assert_eq!(set.remove(&key).is_some(), held.remove(&key).is_some());
+        }
+        prop_assert_eq!(set.len(), held.len());
+        let policies: Vec<Policy> = held.into_values().collect();
+        let target = Target { namespace: &target_namespace, policies: &[] };
+        let id = id.map(|s| SpiffeId::new(&s).unwrap());
+        let conn = Connection {
+            source: SocketAddr::new(address(0, src), 40000),
+            destination: SocketAddr::new(address(0, dst), port),
+            identity: id.as_ref(),
+        };
+        let evaluation = set.evaluate(target, &conn);
+        prop_assert_eq!(
+            outcome(&evaluation.decision),
+            reference::decide(&policies, target, &conn, false)
+        );
+        if let Some(dry_run) = evaluation.dry_run {
+            prop_assert_eq!(outcome(&dry_run), reference::decide(&policies, target, &conn, true));
+        }
+    }
+
+    #[test]
     fn a_policy_survives_the_protobuf_round_trip(p in policy(0)) {
         let wire = Authorization::from(&p).encode_to_vec();
         let back = AuthorizationResource::decode(&wire).unwrap();
