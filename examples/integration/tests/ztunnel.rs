@@ -1,5 +1,6 @@
 //! A real ztunnel joins a meshkit mesh. Needs a ztunnel binary (`MESHKIT_ZTUNNEL=/path`, built
-//! locally: it is in no registry), root (for the network namespaces), `ip` and `python3`;
+//! locally: it is in no registry), root (for the network namespaces), `ip`, `iptables` and
+//! `python3`;
 //! without `MESHKIT_ZTUNNEL` it returns at once, so `--include-ignored` runs stay green.
 //!
 //! Two network namespaces the test creates, joined by a veth pair:
@@ -17,73 +18,13 @@
 //! before the client's FIN), each side verifying the other's identity; and the same policy
 //! manifests decide on both proxies.
 
+mod netns;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use meshkit_test_support::KillOnDrop;
-
-/// Bound on every wait for a state the mesh must reach.
-const PATIENCE: Duration = Duration::from_secs(30);
-
-const ECHO: &str = r#"
-import hashlib, socket, sys, threading
-addr, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((addr, port))
-s.listen(64)
-def serve(c):
-    h, n = hashlib.sha256(), 0
-    while True:
-        b = c.recv(65536)
-        if not b:
-            break
-        h.update(b)
-        n += len(b)
-    c.sendall(f"{name} {n} {h.hexdigest()}".encode())
-    c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
-/// `client.py MODE SRC DST_IP DST_PORT BYTES [PROXY_PORT]`: sends BYTES pseudo-random bytes,
-/// half-closes, prints the answer and the expected digest. MODE `direct` connects from SRC to
-/// DST; `socks` asks ztunnel's SOCKS5 listener on 127.0.0.1:PROXY_PORT for DST.
-const CLIENT: &str = r#"
-import hashlib, random, socket, struct, sys
-mode, src, ip, port, size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-data = random.Random(7).randbytes(size)
-c = socket.socket()
-c.settimeout(20)
-if mode == "direct":
-    c.bind((src, 0))
-    c.connect((ip, port))
-else:
-    c.connect(("127.0.0.1", int(sys.argv[6])))
-    c.sendall(b"\x05\x01\x00")
-    assert c.recv(2) == b"\x05\x00", "socks method"
-    c.sendall(b"\x05\x01\x00\x01" + socket.inet_aton(ip) + struct.pack(">H", port))
-    reply = c.recv(10)
-    if len(reply) < 2 or reply[1] != 0:
-        print(f"refused socks {reply!r}")
-        sys.exit(3)
-try:
-    c.sendall(data)
-    c.shutdown(socket.SHUT_WR)
-    answer = b""
-    while True:
-        b = c.recv(65536)
-        if not b:
-            break
-        answer += b
-except (ConnectionResetError, BrokenPipeError) as e:
-    print(f"reset {e}")
-    sys.exit(2)
-print(answer.decode(errors="replace"))
-print(f"expect {size} {hashlib.sha256(data).hexdigest()}")
-"#;
+use meshkit_test_support::{KillOnDrop, workspace_bin as bin};
+use netns::{CLIENT, ECHO, Netns, exchange, until};
 
 const MANIFESTS: &str = r#"
 apiVersion: networking.istio.io/v1
@@ -203,7 +144,7 @@ spec:
   - from: [{source: {principals: [cluster.local/ns/mk/sa/a]}}]
     to: [{operation: {ports: ["9000"]}}]
   - from: [{source: {namespaces: [ops]}}]
-  - from: [{source: {ipBlocks: [10.250.0.10/32]}}]
+  - from: [{source: {ipBlocks: [10.250.0.10/32, 10.250.0.1/32]}}]
 ---
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
@@ -240,7 +181,39 @@ spec:
   action: DENY
   rules:
   - from: [{source: {namespaces: [mk]}}]
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: strict, namespace: zt}
+spec: {mtls: {mode: STRICT}}
 "#;
+
+/// Plaintext cases: (case, destination port, allowed), the same on both proxies. A client
+/// without a mesh identity connects to the workload's own address, from a listed IP block
+/// (10.250.0.10 in `M` for zt-app, 10.250.0.1 in `Z` for mk-twin); netfilter in the
+/// destination's namespace redirects it to its proxy's port 15006.
+const PLAINTEXT: [(&str, u16, bool); 2] = [
+    (
+        "plaintext from a listed IP block: STRICT denies (DENY over ALLOW)",
+        9000,
+        false,
+    ),
+    ("plaintext from a listed IP block, other port", 9001, false),
+];
+
+/// The same once STRICT is lifted (PERMISSIVE).
+const PLAINTEXT_PERMISSIVE: [(&str, u16, bool); 2] = [
+    (
+        "plaintext, PERMISSIVE: ALLOW by IP block without an identity",
+        9000,
+        true,
+    ),
+    (
+        "plaintext, PERMISSIVE, other port: DENY by notValues (no principal)",
+        9001,
+        false,
+    ),
+];
 
 /// The decision table: (caller, its address, destination port, allowed), the same on
 /// ztunnel's zt-app and meshkit's mk-twin.
@@ -315,148 +288,18 @@ const TABLE: [(&str, &str, u16, bool); 13] = [
     ),
 ];
 
-/// The network namespaces and veth pair of one run; removed on drop.
-struct Netns {
-    z: String,
-    m: String,
-}
-
-impl Netns {
-    fn create() -> Self {
-        let id = std::process::id() % 100_000;
-        let (z, m) = (format!("mkzt-z-{id}"), format!("mkzt-m-{id}"));
-        let (vz, vm) = (format!("mkz{id}"), format!("mkm{id}"));
-        let run = |args: &[&str]| {
-            let out = Command::new("ip").args(args).output().expect("ip runs");
-            assert!(
-                out.status.success(),
-                "ip {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        run(&["netns", "add", &z]);
-        run(&["netns", "add", &m]);
-        let ns = Self {
-            z: z.clone(),
-            m: m.clone(),
-        };
-        run(&[
-            "link", "add", &vz, "netns", &z, "type", "veth", "peer", "name", &vm, "netns", &m,
-        ]);
-        for (netns, dev, addrs) in [
-            (&z, &vz, &["10.250.0.1/24"][..]),
-            (
-                &m,
-                &vm,
-                &[
-                    "10.250.0.2/24",
-                    "10.250.0.3/24",
-                    "10.250.0.4/24",
-                    "10.250.0.5/24",
-                    "10.250.0.6/24",
-                    "10.250.0.7/24",
-                    "10.250.0.8/24",
-                    "10.250.0.9/24",
-                    "10.250.0.10/24",
-                ][..],
-            ),
-        ] {
-            for addr in addrs {
-                run(&["-n", netns, "addr", "add", addr, "dev", dev]);
-            }
-            run(&["-n", netns, "link", "set", dev, "up"]);
-            run(&["-n", netns, "link", "set", "lo", "up"]);
-        }
-        ns
-    }
-
-    fn spawn(
-        &self,
-        netns: &str,
-        program: &Path,
-        args: &[&str],
-        envs: &[(&str, String)],
-        log: &Path,
-    ) -> KillOnDrop {
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", netns])
-            .arg(program)
-            .args(args);
-        for (k, v) in envs {
-            command.env(k, v);
-        }
-        KillOnDrop(
-            command
-                .stdout(std::fs::File::create(log).unwrap())
-                .stderr(Stdio::from(
-                    std::fs::File::options().append(true).open(log).unwrap(),
-                ))
-                .spawn()
-                .unwrap(),
-        )
-    }
-
-    fn run(&self, netns: &str, args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", netns])
-            .args(args)
-            .output()
-            .unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for ns in [&self.z, &self.m] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
-
-fn bin(name: &str) -> PathBuf {
-    let dir = std::env::current_exe().unwrap();
-    let target = dir.parent().unwrap().parent().unwrap();
-    target.join(name)
-}
-
-/// What a client run saw: `Ok((answer, expected))` or `Err(why)`.
-fn exchange(
-    ns: &Netns,
-    netns: &str,
-    script: &Path,
-    args: &[&str],
-) -> Result<(String, String), String> {
-    let mut full = vec!["python3", script.to_str().unwrap()];
-    full.extend_from_slice(args);
-    let out = ns.run(netns, &full);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        return Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)));
-    }
-    let mut lines = stdout.lines();
-    let answer = lines.next().unwrap_or_default().to_owned();
-    let expected = lines
-        .next()
-        .unwrap_or_default()
-        .trim_start_matches("expect ")
-        .to_owned();
-    Ok((answer, expected))
-}
-
-/// Polls `f` until it returns `Some`, for at most [`PATIENCE`].
-fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            started.elapsed() < PATIENCE,
-            "{what}: not after {PATIENCE:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+/// Whether a plaintext client reaches `port` of zt-app (through ztunnel's port 15006) and of
+/// mk-twin (through the node proxy's): the echo's own answer, with every byte, counts.
+fn plaintext(ns: &Netns, client: &Path, port: u16) -> (bool, bool) {
+    let port = port.to_string();
+    let reached = |netns: &str, from: &str, to: &str, name: &str| {
+        exchange(ns, netns, client, &["direct", from, to, &port, "1000"])
+            .is_ok_and(|(answer, expected)| answer == format!("{name} {expected}"))
+    };
+    (
+        reached(&ns.m, "10.250.0.10", "10.250.0.1", "zt-app"),
+        reached(&ns.z, "10.250.0.1", "10.250.0.9", "mk-twin"),
+    )
 }
 
 #[test]
@@ -555,6 +398,8 @@ fn a_real_ztunnel_joins_the_mesh() {
             // Tunnels leave from the caller's own address, as ztunnel's in-pod mode's do:
             // ztunnel judges IP blocks by the HBONE connection's source.
             "--preserve-source-address",
+            "--inbound-plaintext",
+            "0.0.0.0:15006",
         ],
         &[("RUST_LOG", "info".to_owned())],
         &dir.join("node-proxy.log"),
@@ -589,6 +434,12 @@ fn a_real_ztunnel_joins_the_mesh() {
         &dir.join("ztunnel.log"),
     );
     let _echo_z = echo(&ns.z, "10.250.0.1", &["9000", "9001"], "zt-app");
+    // Plaintext for zt-app and mk-twin arriving over the veth goes to port 15006 of their
+    // proxies, as the platform's redirection does for ztunnel.
+    ns.redirect(&ns.z, "10.250.0.1", &[9000, 9001], 15006)
+        .expect("iptables in Z");
+    ns.redirect(&ns.m, "10.250.0.9", &[9000, 9001], 15006)
+        .expect("iptables in M");
 
     // ztunnel's view, from its own config dump: meshkit's workloads and policies.
     let dump = until(
@@ -780,6 +631,12 @@ fn a_real_ztunnel_joins_the_mesh() {
         }
         rows.push(format!("| {case} | {port} | {} | {} |", seen[0], seen[1]));
     }
+    let client_path = Path::new(&client);
+    for (case, port, allowed) in PLAINTEXT {
+        let seen = plaintext(&ns, client_path, port);
+        assert_eq!(seen, (allowed, allowed), "{case}");
+        rows.push(format!("| {case} | {port} | {} | {} |", seen.0, seen.1));
+    }
     eprintln!(
         "| case | port | ztunnel allowed | meshkit allowed |\n|---|---|---|---|\n{}",
         rows.join("\n")
@@ -787,7 +644,8 @@ fn a_real_ztunnel_joins_the_mesh() {
     // Every refusal was a policy's, not a failure on the way: ztunnel logged a policy
     // rejection for each case it refused (and for mk-other above), meshkit counted one for
     // each (and for zt-app above).
-    let refused = TABLE.iter().filter(|(.., allowed)| !allowed).count();
+    let refused = TABLE.iter().filter(|(.., allowed)| !allowed).count()
+        + PLAINTEXT.iter().filter(|(.., allowed)| !allowed).count();
     until("ztunnel's policy rejections", || {
         let log = std::fs::read_to_string(dir.join("ztunnel.log")).ok()?;
         let rejections = log
@@ -811,6 +669,37 @@ fn a_real_ztunnel_joins_the_mesh() {
         (refused + 1).to_string(),
         "meshkit's authorization denials"
     );
+
+    // STRICT lifted: plaintext from the listed block is allowed on both, within a second.
+    std::fs::write(
+        dir.join("manifests/policies.yaml"),
+        POLICIES.replace("mode: STRICT", "mode: PERMISSIVE"),
+    )
+    .unwrap();
+    let edited_at = Instant::now();
+    let mut changed = [None, None];
+    until("both proxies admit plaintext once STRICT is lifted", || {
+        let seen = plaintext(&ns, client_path, 9000);
+        for (at, now) in changed.iter_mut().zip([seen.0, seen.1]) {
+            if now && at.is_none() {
+                *at = Some(edited_at.elapsed());
+            }
+        }
+        changed.iter().all(Option::is_some).then_some(())
+    });
+    eprintln!(
+        "STRICT lifted: ztunnel's decision changed {:?}, meshkit's {:?} after the manifest edit",
+        changed[0].unwrap(),
+        changed[1].unwrap()
+    );
+    let mut rows = Vec::new();
+    for (case, port, allowed) in PLAINTEXT_PERMISSIVE {
+        let seen = plaintext(&ns, client_path, port);
+        assert_eq!(seen, (allowed, allowed), "{case}");
+        rows.push(format!("| {case} | {port} | {} | {} |", seen.0, seen.1));
+    }
+    eprintln!("{}", rows.join("\n"));
+    std::fs::write(dir.join("manifests/policies.yaml"), POLICIES).unwrap();
 
     // A policy edit: zt-app's policy now names mk-other instead; both decisions flip.
     let edited = POLICIES.replace(

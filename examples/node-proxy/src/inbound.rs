@@ -110,6 +110,20 @@ impl InboundState {
                     && (own.ip() == target.ip() || own.ip().is_unspecified())
             })
     }
+
+    /// Why nothing may be forwarded to `target`, if so: one of the node proxy's own
+    /// listeners, not a workload of this node, or a port the workload does not serve.
+    pub(super) fn refusal(&self, target: SocketAddr) -> Option<&'static str> {
+        if self.is_own_listener(target) {
+            return Some("own_listener");
+        }
+        match self.index.borrow().workload(target.ip()) {
+            Some((w, _)) if w.node == self.node => {
+                (!w.serves_port(target.port())).then_some("port_not_served")
+            }
+            _ => Some("not_local_workload"),
+        }
+    }
 }
 
 /// Decides one CONNECT:
@@ -241,31 +255,14 @@ async fn decide_in(
         tracing::info!(peer = %req.peer, target = %req.target, "inbound refused by policy");
         return deny(reason, record);
     }
-    if state.is_own_listener(req.target) {
-        tracing::info!(peer = %req.peer, target = %req.target, "inbound target is one of the node proxy's own listeners");
-        return deny("own_listener", record);
-    }
-    let not_local = {
-        let index = state.index.borrow();
-        match index.workload(req.target.ip()) {
-            Some((w, _)) if w.node == state.node => {
-                if !w.serves_port(req.target.port()) {
-                    Some("port_not_served")
-                } else {
-                    None
-                }
-            }
-            _ => Some("not_local_workload"),
-        }
-    };
-    if let Some(reason) = not_local {
-        tracing::info!(peer = %req.peer, target = %req.target, reason, "inbound target is not a local workload");
+    if let Some(reason) = state.refusal(req.target) {
+        tracing::info!(peer = %req.peer, target = %req.target, reason, "inbound target refused");
         return deny(reason, record);
     }
     let facts = Facts {
         source: record.source_addr,
         target: req.target,
-        peer: req.peer.clone(),
+        peer: Some(req.peer.clone()),
     };
     let mut mesh = state.index.clone();
     if let Some(denial) = facts.denial(&mesh.borrow_and_update()) {
@@ -345,31 +342,33 @@ fn bytes(copied: meshkit_hbone::Copied) -> Bytes {
     }
 }
 
-/// What the mesh's authorization policies decide a tunnel by.
-struct Facts {
-    /// The client: the original one the CONNECT names when verified, else the HBONE peer.
-    source: SocketAddr,
-    target: SocketAddr,
-    peer: SpiffeId,
+/// What the mesh's authorization policies decide a connection by.
+pub(super) struct Facts {
+    /// The client: for a tunnel, the original one the CONNECT names when verified, else the
+    /// HBONE peer; for plaintext, the connection's source.
+    pub(super) source: SocketAddr,
+    pub(super) target: SocketAddr,
+    /// The verified peer; `None` for plaintext.
+    pub(super) peer: Option<SpiffeId>,
 }
 
 impl Facts {
     /// Why the mesh's policies deny the tunnel (the deciding policy), if they do; a
     /// destination that is not in `view` is denied. Logs what the dry-run policies would
     /// decide.
-    fn denial(&self, view: &MeshView) -> Option<String> {
+    pub(super) fn denial(&self, view: &MeshView) -> Option<String> {
         let Some((workload, _)) = view.workload(self.target.ip()) else {
             return Some("the destination workload is no longer in the mesh".to_owned());
         };
         let conn = meshkit_mesh::authz::Connection {
             source: self.source,
             destination: self.target,
-            identity: Some(&self.peer),
+            identity: self.peer.as_ref(),
         };
         let evaluation = view.authorize(workload, &conn);
         if let Some(dry_run) = evaluation.dry_run {
             tracing::info!(
-                peer = %self.peer,
+                peer = self.peer.as_ref().map_or("none", SpiffeId::as_str),
                 target = %self.target,
                 decision = %evaluation.decision,
                 dry_run = %dry_run,
@@ -381,14 +380,14 @@ impl Facts {
 
     /// Completes when a mesh update makes the policies deny the tunnel; never if the mesh can
     /// no longer change.
-    async fn revoked(&self, mesh: &mut watch::Receiver<Arc<MeshView>>) {
+    pub(super) async fn revoked(&self, mesh: &mut watch::Receiver<Arc<MeshView>>) {
         loop {
             if mesh.changed().await.is_err() {
                 return std::future::pending().await;
             }
             let view = mesh.borrow_and_update().clone();
             if let Some(denial) = self.denial(&view) {
-                tracing::info!(peer = %self.peer, target = %self.target, %denial, "authorization policy change denies an open tunnel");
+                tracing::info!(peer = self.peer.as_ref().map_or("none", SpiffeId::as_str), target = %self.target, %denial, "authorization policy change denies an open connection");
                 return;
             }
         }

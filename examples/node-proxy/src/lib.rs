@@ -16,6 +16,11 @@
 //!   listeners (the HBONE port, the outbound listeners, [`NodeProxyConfig::reserved`]);
 //!   otherwise 403. Listeners follow the watch channel: new local workloads are served,
 //!   removed ones stop.
+//! - **Inbound plaintext.** Optionally ([`NodeProxyConfig::inbound_plaintext`]), ztunnel's
+//!   port 15006: TCP for a local workload that the platform redirects there (netfilter
+//!   `REDIRECT`) without HBONE. The original destination names the workload; the mesh's
+//!   policies decide the connection as one without an identity (a STRICT
+//!   PeerAuthentication refuses it); an allowed one is spliced to the workload.
 //! - **Outbound.** One plain-TCP listener per [`OutboundListener`]: the connection's source
 //!   address names the local workload (whose identity is presented), the listener names the
 //!   service; endpoints are tried round-robin, each over HBONE to `ENDPOINT_IP:15008`
@@ -66,6 +71,7 @@
 mod baggage;
 mod inbound;
 mod outbound;
+mod plaintext;
 mod telemetry;
 mod trace;
 
@@ -136,6 +142,12 @@ pub struct NodeProxyConfig {
     /// namespace; a connection that cannot bind to its workload's address fails. Connections
     /// are pooled per workload address. Default: false (the system's choice of address).
     pub preserve_source_address: bool,
+    /// Where to take plaintext TCP redirected to the node proxy for its local workloads
+    /// (ztunnel's `[::]:15006`), decided by the mesh's policies as a connection without an
+    /// identity. Linux only: the original destination comes from `SO_ORIGINAL_DST`, set by a
+    /// netfilter `REDIRECT`; a connection without one is refused. The port is never a
+    /// forwarding target. Default: none.
+    pub inbound_plaintext: Option<SocketAddr>,
 }
 
 impl NodeProxyConfig {
@@ -155,7 +167,15 @@ impl NodeProxyConfig {
             telemetry: Telemetry::new(),
             wait_for_first_mesh: false,
             preserve_source_address: false,
+            inbound_plaintext: None,
         }
+    }
+
+    /// Takes redirected plaintext TCP on `addr`
+    /// ([`NodeProxyConfig::inbound_plaintext`]).
+    pub fn with_inbound_plaintext(mut self, addr: SocketAddr) -> Self {
+        self.inbound_plaintext = Some(addr);
+        self
     }
 
     /// Opens outbound HBONE connections from the source workload's address
@@ -327,6 +347,20 @@ impl NodeProxy {
             tasks.push(AbortOnDrop::new(task));
         }
 
+        let plaintext = match config.inbound_plaintext {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr).await.map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("inbound plaintext listener {addr}: {e}"))
+                })?;
+                tracing::info!(listen = %listener.local_addr()?, "inbound plaintext listener");
+                Some(listener)
+            }
+            None => None,
+        };
+        let plaintext_addr = plaintext
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?;
         let policy = Arc::new(watch::Sender::new(config.policy.clone()));
         let (published, inbound_rx) = watch::channel(BTreeSet::new());
         let state = Arc::new(InboundState {
@@ -337,8 +371,17 @@ impl NodeProxy {
             telemetry: telemetry.clone(),
             accepted: Mutex::default(),
             hbone_port: config.hbone_port,
-            own: outbound.iter().chain(&config.reserved).copied().collect(),
+            own: outbound
+                .iter()
+                .chain(&config.reserved)
+                .chain(&plaintext_addr)
+                .copied()
+                .collect(),
         });
+        if let Some(listener) = plaintext {
+            let task = tokio::spawn(plaintext::serve(listener, state.clone(), drain_rx.clone()));
+            tasks.push(AbortOnDrop::new(task));
+        }
         let servers = telemetry::Servers::default();
         let server_stats = servers.clone();
         let live = telemetry.attach(Live {

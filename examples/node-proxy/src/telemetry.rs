@@ -156,6 +156,7 @@ struct TcpLabels {
     destination: Arc<PeerLabels>,
     service: Arc<ServiceLabels>,
     response_flags: &'static str,
+    security: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
@@ -195,6 +196,8 @@ pub(crate) struct ConnRecord {
     pub(crate) trace_id: Option<String>,
     /// The members of the peer's `baggage` that were kept (inbound; see [`crate::baggage`]).
     pub(crate) baggage: Option<Box<str>>,
+    /// Whether the connection came without mutual TLS (inbound plaintext).
+    pub(crate) plaintext: bool,
     pub(crate) start: Instant,
 }
 
@@ -690,7 +693,7 @@ impl EncodeLabelSet for TcpLabels {
             ("destination_principal", &d.principal),
             ("request_protocol", "tcp"),
             ("response_flags", self.response_flags),
-            ("connection_security_policy", "mutual_tls"),
+            ("connection_security_policy", self.security),
         ];
         EncodeLabelSet::encode(&labels, encoder)
     }
@@ -778,6 +781,7 @@ impl ConnRecord {
             service: ServiceLabels::unknown(),
             trace_id: None,
             baggage: None,
+            plaintext: false,
             start: Instant::now(),
         }
     }
@@ -789,6 +793,8 @@ impl ConnRecord {
             destination: self.destination.clone(),
             service: self.service.clone(),
             response_flags,
+            // Istio's values: `none` for a connection without mutual TLS.
+            security: if self.plaintext { "none" } else { "mutual_tls" },
         }
     }
 

@@ -1,5 +1,7 @@
 //! Inbound HBONE on loopback: which targets a CONNECT may reach (the ports a workload serves,
-//! never the node proxy's own listeners), and mesh updates that do not wait for the CA.
+//! never the node proxy's own listeners, the plaintext one included), what the plaintext
+//! listener does with a connection nothing redirected, and mesh updates that do not wait for
+//! the CA.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -246,6 +248,47 @@ async fn the_node_proxys_own_listeners_are_refused_even_where_any_port_is_allowe
         403
     );
     assert_eq!(connect_status(&client, &me, outbound).await, 403);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plaintext_listener_is_never_a_target_and_refuses_what_was_not_redirected() {
+    let addr = ip(22);
+    let app = echo_app(addr).await;
+    let ca = Arc::new(TestCa::new(td()));
+    // A port of the workload's address: the listener takes redirected connections for any
+    // local workload, and is itself never one of their targets.
+    let plaintext = {
+        let probe = std::net::TcpListener::bind(SocketAddr::new(addr, 0)).unwrap();
+        probe.local_addr().unwrap()
+    };
+    let config = NodeProxyConfig::new(NODE, td())
+        .with_hbone_port(HBONE)
+        .with_inbound_plaintext(plaintext);
+    let mesh = MeshConfig {
+        policies: Vec::new(),
+        workloads: vec![file_workload("web-1", "web", addr)],
+        services: Vec::new(),
+    };
+    let (_proxy, _mesh) = start(config, mesh, ca.clone(), ca.bundle_set()).await;
+    let (client, me) = client(&ca);
+    assert_eq!(
+        connect_status(&client, &me, SocketAddr::new(addr, app)).await,
+        200
+    );
+    assert_eq!(connect_status(&client, &me, plaintext).await, 403);
+
+    // Straight to the listener, nothing redirected it: no workload to take it to. The
+    // connection is reset without a byte, whatever the client sends.
+    let mut sock = tokio::net::TcpStream::connect(plaintext).await.unwrap();
+    let _ = sock.write_all(b"hello").await;
+    let mut buf = [0; 16];
+    let read = tokio::time::timeout(PATIENCE, sock.read(&mut buf))
+        .await
+        .expect("the listener closes the connection");
+    assert!(
+        matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{read:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -101,6 +101,10 @@ struct Args {
     /// policies expect.
     #[arg(long)]
     preserve_source_address: bool,
+    /// Take plaintext TCP redirected (netfilter REDIRECT) to this address for the local
+    /// workloads, decided by the mesh's policies without an identity (ztunnel's port 15006).
+    #[arg(long, value_name = "ADDR")]
+    inbound_plaintext: Option<std::net::SocketAddr>,
 }
 
 fn parse_outbound(s: &str) -> Result<OutboundListener, String> {
@@ -188,6 +192,9 @@ async fn run(args: Args, filter: LogFilter) -> Result<(), CliError> {
     }
     if args.preserve_source_address {
         config = config.preserving_source_address();
+    }
+    if let Some(addr) = args.inbound_plaintext {
+        config = config.with_inbound_plaintext(addr);
     }
 
     let Some(mesh_file) = args.mesh.clone() else {

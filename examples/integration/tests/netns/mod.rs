@@ -1,0 +1,287 @@
+//! What the tests that run the mesh's programs in network namespaces share: two namespaces
+//! joined by a veth pair, an echo application that answers with the length and SHA-256 of
+//! what it read before the client's FIN, and a client that sends, half-closes and reads.
+//!
+//! - `Z` has 10.250.0.1;
+//! - `M` has 10.250.0.2 to 10.250.0.10.
+//!
+//! Needs root, `ip` and `python3`; [`Netns::try_create`] says why it cannot run otherwise.
+
+#![allow(dead_code)] // Each test binary uses its own part.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use meshkit_test_support::KillOnDrop;
+
+/// Bound on every wait for a state the mesh must reach.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
+
+pub(crate) const ECHO: &str = r#"
+import hashlib, socket, sys, threading
+addr, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((addr, port))
+s.listen(64)
+def serve(c):
+    h, n = hashlib.sha256(), 0
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        h.update(b)
+        n += len(b)
+    c.sendall(f"{name} {n} {h.hexdigest()}".encode())
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// `client.py MODE SRC DST_IP DST_PORT BYTES [PROXY_PORT]`: sends BYTES pseudo-random bytes,
+/// half-closes, prints the answer and the expected digest. MODE `direct` connects from SRC to
+/// DST; `socks` asks ztunnel's SOCKS5 listener on 127.0.0.1:PROXY_PORT for DST.
+pub(crate) const CLIENT: &str = r#"
+import hashlib, random, socket, struct, sys
+mode, src, ip, port, size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+data = random.Random(7).randbytes(size)
+c = socket.socket()
+c.settimeout(20)
+if mode == "direct":
+    c.bind((src, 0))
+    c.connect((ip, port))
+else:
+    c.connect(("127.0.0.1", int(sys.argv[6])))
+    c.sendall(b"\x05\x01\x00")
+    assert c.recv(2) == b"\x05\x00", "socks method"
+    c.sendall(b"\x05\x01\x00\x01" + socket.inet_aton(ip) + struct.pack(">H", port))
+    reply = c.recv(10)
+    if len(reply) < 2 or reply[1] != 0:
+        print(f"refused socks {reply!r}")
+        sys.exit(3)
+try:
+    c.sendall(data)
+    c.shutdown(socket.SHUT_WR)
+    answer = b""
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        answer += b
+except (ConnectionResetError, BrokenPipeError) as e:
+    print(f"reset {e}")
+    sys.exit(2)
+print(answer.decode(errors="replace"))
+print(f"expect {size} {hashlib.sha256(data).hexdigest()}")
+"#;
+
+/// The network namespaces and veth pair of one run; removed on drop.
+pub(crate) struct Netns {
+    pub(crate) z: String,
+    pub(crate) m: String,
+}
+
+impl Netns {
+    /// The two namespaces, or why they cannot be made here.
+    pub(crate) fn try_create() -> Result<Self, String> {
+        let id = std::process::id() % 100_000;
+        let (z, m) = (format!("mkzt-z-{id}"), format!("mkzt-m-{id}"));
+        let (vz, vm) = (format!("mkz{id}"), format!("mkm{id}"));
+        let run = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new("ip")
+                .args(args)
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ip {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        run(&["netns", "add", &z])?;
+        // From here on, a failure drops `ns`, which deletes what was made.
+        let ns = Self {
+            z: z.clone(),
+            m: m.clone(),
+        };
+        run(&["netns", "add", &m])?;
+        run(&[
+            "link", "add", &vz, "netns", &z, "type", "veth", "peer", "name", &vm, "netns", &m,
+        ])?;
+        for (netns, dev, addrs) in [
+            (&z, &vz, &["10.250.0.1/24"][..]),
+            (
+                &m,
+                &vm,
+                &[
+                    "10.250.0.2/24",
+                    "10.250.0.3/24",
+                    "10.250.0.4/24",
+                    "10.250.0.5/24",
+                    "10.250.0.6/24",
+                    "10.250.0.7/24",
+                    "10.250.0.8/24",
+                    "10.250.0.9/24",
+                    "10.250.0.10/24",
+                ][..],
+            ),
+        ] {
+            for addr in addrs {
+                run(&["-n", netns, "addr", "add", addr, "dev", dev])?;
+            }
+            run(&["-n", netns, "link", "set", dev, "up"])?;
+            run(&["-n", netns, "link", "set", "lo", "up"])?;
+        }
+        Ok(ns)
+    }
+
+    /// The two namespaces; panics when they cannot be made.
+    pub(crate) fn create() -> Self {
+        Self::try_create().unwrap_or_else(|e| panic!("network namespaces: {e}"))
+    }
+
+    /// Runs `iptables ARGS` in `netns`.
+    pub(crate) fn iptables(&self, netns: &str, args: &[&str]) -> Result<(), String> {
+        let mut full = vec!["iptables"];
+        full.extend_from_slice(args);
+        let out = Command::new("ip")
+            .args(["netns", "exec", netns])
+            .args(&full)
+            .output()
+            .map_err(|e| format!("iptables: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "iptables {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Sends every TCP connection that arrives on `netns`'s veth for `ip` and one of
+    /// `ports` to local port `to`, as a platform redirects a workload's traffic to its
+    /// node proxy (netfilter `REDIRECT` in PREROUTING: local connections are not taken).
+    pub(crate) fn redirect(
+        &self,
+        netns: &str,
+        ip: &str,
+        ports: &[u16],
+        to: u16,
+    ) -> Result<(), String> {
+        let ports = ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let to = to.to_string();
+        self.iptables(
+            netns,
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "PREROUTING",
+                "-p",
+                "tcp",
+                "-d",
+                ip,
+                "-m",
+                "multiport",
+                "--dports",
+                &ports,
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                &to,
+            ],
+        )
+    }
+
+    pub(crate) fn spawn(
+        &self,
+        netns: &str,
+        program: &Path,
+        args: &[&str],
+        envs: &[(&str, String)],
+        log: &Path,
+    ) -> KillOnDrop {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", netns])
+            .arg(program)
+            .args(args);
+        for (k, v) in envs {
+            command.env(k, v);
+        }
+        KillOnDrop(
+            command
+                .stdout(std::fs::File::create(log).unwrap())
+                .stderr(Stdio::from(
+                    std::fs::File::options().append(true).open(log).unwrap(),
+                ))
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    pub(crate) fn run(&self, netns: &str, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", netns])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for ns in [&self.z, &self.m] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// What a client run saw: `Ok((answer, expected))` or `Err(why)`.
+pub(crate) fn exchange(
+    ns: &Netns,
+    netns: &str,
+    script: &Path,
+    args: &[&str],
+) -> Result<(String, String), String> {
+    let mut full = vec!["python3", script.to_str().unwrap()];
+    full.extend_from_slice(args);
+    let out = ns.run(netns, &full);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let mut lines = stdout.lines();
+    let answer = lines.next().unwrap_or_default().to_owned();
+    let expected = lines
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("expect ")
+        .to_owned();
+    Ok((answer, expected))
+}
+
+/// Polls `f` until it returns `Some`, for at most [`PATIENCE`].
+pub(crate) fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{what}: not after {PATIENCE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

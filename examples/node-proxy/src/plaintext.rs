@@ -1,0 +1,234 @@
+//! Inbound plaintext: TCP for a local workload redirected to the node proxy without HBONE,
+//! as ztunnel's port 15006 takes it (a netfilter `REDIRECT` of the workload's ports; the
+//! redirection itself is the platform's, not the node proxy's).
+//!
+//! The original destination (`SO_ORIGINAL_DST`) names the workload and port. The connection
+//! carries no identity, so the mesh's policies decide it as one without a principal, from the
+//! client's address: a STRICT PeerAuthentication, translated to a DENY of connections
+//! without a principal, refuses it. An allowed connection is spliced to the workload, each
+//! end's FIN passed on, and re-checked when the policies change, as HBONE tunnels are. A
+//! refused or failed connection is reset, so that the client never reads a clean end.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use crate::inbound::{Facts, InboundState};
+use crate::telemetry::{
+    Bytes, ConnRecord, Direction, FLAG_CONNECT, FLAG_DENY, FLAG_DOWNSTREAM_TERMINATION, FLAG_NONE,
+    FLAG_UPSTREAM_TERMINATION, PeerLabels, ServiceLabels,
+};
+
+/// The copy buffer of each direction of a connection.
+const BUFFER: usize = 16 * 1024;
+
+/// Accepts redirected connections on `listener` until the node proxy drains (then waits for
+/// the open ones to end) or the task is dropped (which drops them).
+pub(super) async fn serve(
+    listener: TcpListener,
+    state: Arc<InboundState>,
+    mut drain: watch::Receiver<bool>,
+) {
+    let listen = listener.local_addr().ok();
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = drain.wait_for(|draining| *draining) => break,
+        };
+        let (sock, source) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(listen = ?listen, error = %e, "inbound plaintext accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = sock.set_nodelay(true);
+        let span =
+            tracing::info_span!("inbound_plaintext", src = %source, dst = tracing::field::Empty);
+        connections.spawn(connection(state.clone(), sock, source).instrument(span));
+    }
+    drop(listener);
+    tracing::info!(listen = ?listen, open = connections.len(), "inbound plaintext listener closed for the drain");
+    while connections.join_next().await.is_some() {}
+}
+
+async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketAddr) {
+    let telemetry = &state.telemetry;
+    let mut record = ConnRecord::new(Direction::Inbound, source);
+    record.plaintext = true;
+    // Where the client was going; a connection made to the listener itself was not
+    // redirected and names no workload.
+    let target = original_destination(&client).filter(|dst| client.local_addr().ok() != Some(*dst));
+    let Some(target) = target else {
+        tracing::info!("inbound plaintext connection was not redirected: no original destination");
+        telemetry.denied("not_redirected");
+        telemetry.refused(record, FLAG_DENY);
+        reset(&client);
+        return;
+    };
+    tracing::Span::current().record("dst", tracing::field::display(target));
+    {
+        let view = state.index.borrow();
+        record.destination_addr = Some(target);
+        record.destination = view
+            .peer(target.ip())
+            .cloned()
+            .unwrap_or_else(PeerLabels::unknown);
+        record.service = view
+            .service_of(target.ip(), target.port())
+            .cloned()
+            .unwrap_or_else(ServiceLabels::unknown);
+    }
+    if let Some(reason) = state.refusal(target) {
+        tracing::info!(%target, reason, "inbound plaintext refused");
+        telemetry.denied(reason);
+        telemetry.refused(record, FLAG_DENY);
+        reset(&client);
+        return;
+    }
+    let facts = Facts {
+        source,
+        target,
+        peer: None,
+    };
+    let mut mesh = state.index.clone();
+    if let Some(denial) = facts.denial(&mesh.borrow_and_update()) {
+        tracing::info!(%source, %target, %denial, "inbound plaintext denied by authorization policy");
+        telemetry.denied("authorization_policy");
+        telemetry.refused(record, FLAG_DENY);
+        reset(&client);
+        return;
+    }
+    let upstream =
+        match tokio::time::timeout(state.connect_timeout, TcpStream::connect(target)).await {
+            Ok(Ok(sock)) => sock,
+            Ok(Err(e)) => {
+                tracing::info!(%target, error = %e, "inbound plaintext target unreachable");
+                telemetry.refused(record, FLAG_CONNECT);
+                reset(&client);
+                return;
+            }
+            Err(_) => {
+                tracing::info!(%target, "inbound plaintext target connect timed out");
+                telemetry.refused(record, FLAG_CONNECT);
+                reset(&client);
+                return;
+            }
+        };
+    let _ = upstream.set_nodelay(true);
+    let open = telemetry.open(record);
+    let (mut client, mut upstream) = (client, upstream);
+    let mut copied = Bytes::default();
+    let outcome = tokio::select! {
+        spliced = splice(&mut client, &mut upstream, &mut copied) => Some(spliced),
+        () = facts.revoked(&mut mesh) => None,
+    };
+    match outcome {
+        Some(Ok(())) => {
+            tracing::debug!(%target, received = copied.received, sent = copied.sent, "inbound plaintext closed");
+            open.finish(copied, FLAG_NONE);
+        }
+        Some(Err(end)) => {
+            tracing::debug!(%target, failed = ?end, "inbound plaintext reset");
+            reset(&client);
+            reset(&upstream);
+            let flag = match end {
+                End::Client => FLAG_DOWNSTREAM_TERMINATION,
+                End::Workload => FLAG_UPSTREAM_TERMINATION,
+            };
+            open.finish(copied, flag);
+        }
+        None => {
+            tracing::info!(%source, %target, "closing inbound plaintext connection: a policy no longer admits it");
+            telemetry.denied("policy_changed");
+            reset(&client);
+            reset(&upstream);
+            open.finish(copied, FLAG_DENY);
+        }
+    }
+}
+
+/// Which end of a splice failed first.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    Client,
+    Workload,
+}
+
+/// Copies both ways between `client` and `upstream` until both have ended, passing each
+/// end's FIN on; counts into `copied` as it goes (Istio's sense: received from the client,
+/// sent to it).
+async fn splice(
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    copied: &mut Bytes,
+) -> Result<(), End> {
+    let (mut client_read, mut client_write) = client.split();
+    let (mut upstream_read, mut upstream_write) = upstream.split();
+    let Bytes { received, sent } = copied;
+    tokio::try_join!(
+        pump(
+            &mut client_read,
+            &mut upstream_write,
+            received,
+            (End::Client, End::Workload)
+        ),
+        pump(
+            &mut upstream_read,
+            &mut client_write,
+            sent,
+            (End::Workload, End::Client)
+        ),
+    )?;
+    Ok(())
+}
+
+/// Copies `from` into `to` until `from` ends, then shuts `to`'s write side; an error is
+/// blamed on the end it came from (`ends`: the reader's, the writer's).
+async fn pump(
+    from: &mut (impl AsyncReadExt + Unpin),
+    to: &mut (impl AsyncWriteExt + Unpin),
+    count: &mut u64,
+    (reader, writer): (End, End),
+) -> Result<(), End> {
+    let mut buf = vec![0; BUFFER];
+    loop {
+        let n = from.read(&mut buf).await.map_err(|_| reader)?;
+        if n == 0 {
+            return to.shutdown().await.map_err(|_| writer);
+        }
+        to.write_all(&buf[..n]).await.map_err(|_| writer)?;
+        *count += n as u64;
+    }
+}
+
+/// Makes the socket's close a reset, so that its peer reads an error rather than a clean end.
+fn reset(sock: &TcpStream) {
+    let _ = socket2::SockRef::from(sock).set_linger(Some(Duration::ZERO));
+}
+
+/// The destination the connection was redirected from (`SO_ORIGINAL_DST`); `None` where the
+/// system keeps none.
+#[cfg(target_os = "linux")]
+fn original_destination(sock: &TcpStream) -> Option<SocketAddr> {
+    let sock = socket2::SockRef::from(sock);
+    let original = if sock.local_addr().ok()?.is_ipv6() {
+        sock.original_dst_v6()
+    } else {
+        sock.original_dst_v4()
+    };
+    original.ok()?.as_socket()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn original_destination(_: &TcpStream) -> Option<SocketAddr> {
+    None
+}
