@@ -160,21 +160,68 @@ fn node_view(snapshot: &Snapshot, node: &str) -> Snapshot {
     let Some(addresses) = snapshot.get_type(ADDRESS_TYPE_URL) else {
         return Snapshot::new();
     };
-    let kept = addresses.filtered(|_, r| match Address::decode(r.resource.value.as_slice()) {
-        Ok(Address {
-            r#type: Some(address::Type::Service(_)),
-        }) => true,
-        Ok(Address {
-            r#type: Some(address::Type::Workload(w)),
-        }) => w.node == node || !w.services.is_empty(),
-        _ => false,
+    let decoded = |r: &meshkit_xds_server::VersionedResource| {
+        Address::decode(r.resource.value.as_slice())
+            .ok()
+            .and_then(|a| a.r#type)
+    };
+    let kept = addresses.filtered(|_, r| match decoded(r) {
+        Some(address::Type::Service(_)) => true,
+        Some(address::Type::Workload(w)) => w.node == node || !w.services.is_empty(),
+        None => false,
     });
+    // For a node proxy in on-demand mode (ztunnel's XDS_ON_DEMAND, which subscribes to no
+    // Address by name at first): its own node's workloads without asking, and every
+    // workload and service by the names it asks for them by.
+    let mut implicit = Vec::new();
+    let mut aliases = Vec::new();
+    for (name, r) in kept.resources() {
+        match decoded(r) {
+            Some(address::Type::Workload(w)) => {
+                if w.node == node {
+                    implicit.push(name.clone());
+                }
+                for ip in w.addresses.iter().filter_map(|a| ip_of(a)) {
+                    aliases.push((format!("{}/{ip}", w.network), name.clone()));
+                }
+            }
+            Some(address::Type::Service(svc)) => {
+                for a in &svc.addresses {
+                    if let Some(ip) = ip_of(&a.address) {
+                        aliases.push((format!("{}/{ip}", a.network), name.clone()));
+                    }
+                }
+                aliases.push((svc.hostname.clone(), name.clone()));
+            }
+            None => {}
+        }
+    }
+    // An address or host name that two resources claim stands for neither.
+    let mut claims: HashMap<&str, usize> = HashMap::new();
+    for (alias, _) in &aliases {
+        *claims.entry(alias.as_str()).or_default() += 1;
+    }
+    let unique: Vec<(String, String)> = aliases
+        .iter()
+        .filter(|(alias, _)| claims[alias.as_str()] == 1)
+        .cloned()
+        .collect();
+    let kept = kept.with_aliases(unique).with_implicit(implicit);
     let view = Snapshot::new().with_type(ADDRESS_TYPE_URL, kept);
     // Every policy: a GLOBAL or NAMESPACE policy applies to workloads by scope, not by name,
     // so no subset is safe to leave out.
     match snapshot.get_type(AUTHORIZATION_TYPE_URL) {
         Some(policies) => view.with_type(AUTHORIZATION_TYPE_URL, policies.clone()),
         None => view,
+    }
+}
+
+/// The address of a workload or service address field (4 or 16 bytes).
+fn ip_of(bytes: &[u8]) -> Option<std::net::IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        16 => <[u8; 16]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        _ => None,
     }
 }
 

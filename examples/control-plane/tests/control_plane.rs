@@ -1,6 +1,6 @@
 //! Tests of the control plane: manifests in, ADS and CA out, over real sockets on loopback.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -1100,6 +1100,97 @@ async fn a_node_proxy_gets_its_workloads_and_those_services_reach() {
     .await
     .expect("not refused");
     assert!(ingress.is_none_or(|r| r.resources.is_empty()));
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// ztunnel with `XDS_ON_DEMAND=true`: its first Address request subscribes to `*` and
+/// unsubscribes from it at once, then it asks for addresses by `network/IP`, workloads by
+/// uid and services by host name as it needs them, and expects its own node's workloads
+/// without asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_on_demand_node_proxy_gets_its_node_and_what_it_asks_for_by_address_or_host() {
+    let (cp, dir) = start_scoped("on-demand").await;
+    let uid = |name: &str| format!("Kubernetes/networking.istio.io/WorkloadEntry/shop/{name}");
+    let mut client = raw_client(&cp, Some(NODE_B_TOKEN));
+    let (tx, rx) = mpsc::channel(4);
+    let mut stream = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .expect("served")
+        .into_inner();
+    let mut next = async || {
+        tokio::time::timeout(PATIENCE, stream.message())
+            .await
+            .expect("answered in time")
+            .expect("no error")
+            .expect("stream open")
+    };
+    tx.send(DeltaDiscoveryRequest {
+        node: Some(node("node-b")),
+        type_url: ADDRESS_TYPE_URL.to_owned(),
+        resource_names_subscribe: vec!["*".to_owned()],
+        resource_names_unsubscribe: vec!["*".to_owned()],
+        ..Default::default()
+    })
+    .await
+    .expect("queue");
+    let first = next().await;
+    let expected: BTreeSet<String> = [
+        uid("web-2"),
+        uid("fallback-1"),
+        uid("lonely"),
+        "Kubernetes/networking.istio.io/WorkloadEntry/blog/blog-1".to_owned(),
+    ]
+    .into();
+    assert_eq!(
+        names(&first),
+        expected,
+        "node-b's own workloads, and nothing else"
+    );
+
+    // web-1 (node-a) by its address, the web service by its host name, an unknown address.
+    tx.send(DeltaDiscoveryRequest {
+        type_url: ADDRESS_TYPE_URL.to_owned(),
+        response_nonce: first.nonce.clone(),
+        resource_names_subscribe: vec![
+            "/127.0.0.11".to_owned(),
+            "web.shop.svc.cluster.local".to_owned(),
+            "/10.9.9.9".to_owned(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .expect("queue");
+    let demanded = next().await;
+    let got: BTreeMap<&str, &[String]> = demanded
+        .resources
+        .iter()
+        .map(|r| (r.name.as_str(), r.aliases.as_slice()))
+        .collect();
+    assert_eq!(got["/127.0.0.11"], [uid("web-1")], "{got:?}");
+    assert_eq!(
+        got["web.shop.svc.cluster.local"],
+        ["shop/web.shop.svc.cluster.local".to_owned()]
+    );
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(demanded.removed_resources, ["/10.9.9.9"]);
+    let web1 = demanded
+        .resources
+        .iter()
+        .find(|r| r.name == "/127.0.0.11")
+        .and_then(|r| r.resource.as_ref())
+        .map(|any| meshkit_mesh::proto::workload::Address::decode(any.value.as_slice()));
+    assert!(
+        matches!(
+            web1,
+            Some(Ok(meshkit_mesh::proto::workload::Address {
+                r#type: Some(meshkit_mesh::proto::workload::address::Type::Workload(ref w)),
+            })) if w.name == "web-1"
+        ),
+        "{web1:?}"
+    );
+    drop(tx);
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

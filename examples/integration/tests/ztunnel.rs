@@ -13,7 +13,8 @@
 //!   (workloads `mk/mk-app` and `mk/mk-other`), and echo applications on both addresses.
 //!
 //! ztunnel takes its certificate from meshkit's CA and its workloads and policies from
-//! meshkit's control plane over Delta xDS. Traffic crosses HBONE both ways, bytes and
+//! meshkit's control plane over Delta xDS: first subscribed to every Address, then again in
+//! on-demand mode (`XDS_ON_DEMAND`), where it asks for each address when it needs it. Traffic crosses HBONE both ways, bytes and
 //! half-close intact (the echo answers with the length and SHA-256 of everything it read
 //! before the client's FIN), each side verifying the other's identity; and the same policy
 //! manifests decide on both proxies.
@@ -309,6 +310,15 @@ fn a_real_ztunnel_joins_the_mesh() {
         eprintln!("MESHKIT_ZTUNNEL is not set: skipped");
         return;
     };
+    // ztunnel subscribing to every Address, then on demand (XDS_ON_DEMAND): nothing at
+    // first, its own node's workloads pushed, every other address fetched when it needs it.
+    for on_demand in [false, true] {
+        eprintln!("== ztunnel with XDS_ON_DEMAND={on_demand}");
+        joins(&ztunnel, on_demand);
+    }
+}
+
+fn joins(ztunnel: &Path, on_demand: bool) {
     let dir = std::env::temp_dir().join(format!("meshkit-ztunnel-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
@@ -426,9 +436,15 @@ fn a_real_ztunnel_joins_the_mesh() {
         ("ENABLE_ORIG_SRC", "false".into()),
         ("RUST_LOG", "info".into()),
     ];
+    let mut zt_env = zt_env;
+    if on_demand {
+        zt_env.push(("XDS_ON_DEMAND", "true".into()));
+        // ztunnel refuses on-demand mode with its DNS proxy on.
+        zt_env.push(("ISTIO_META_DNS_CAPTURE", "false".into()));
+    }
     let _zt = ns.spawn(
         &ns.z,
-        &ztunnel,
+        ztunnel,
         &["proxy", "ztunnel"],
         &zt_env,
         &dir.join("ztunnel.log"),
@@ -458,7 +474,9 @@ fn a_real_ztunnel_joins_the_mesh() {
             let dump: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
             let workloads = dump["workloads"].as_array()?.len();
             let policies = dump["policies"].as_array()?.len();
-            (workloads >= 4 && policies >= 6).then_some(dump)
+            // On demand, only its own workload comes before anything is asked for.
+            let expected = if on_demand { 1 } else { 4 };
+            (workloads >= expected && policies >= 6).then_some(dump)
         },
     );
     let names: Vec<&str> = dump["workloads"]
@@ -467,8 +485,13 @@ fn a_real_ztunnel_joins_the_mesh() {
         .iter()
         .filter_map(|w| w["name"].as_str())
         .collect();
-    for name in ["zt-app", "mk-app", "mk-other"] {
-        assert!(names.contains(&name), "{name} in {names:?}");
+    let expected: &[&str] = if on_demand {
+        &["zt-app"]
+    } else {
+        &["zt-app", "mk-app", "mk-other"]
+    };
+    for name in expected {
+        assert!(names.contains(name), "{name} in {names:?}");
     }
 
     let client = path("client.py");
@@ -488,6 +511,15 @@ fn a_real_ztunnel_joins_the_mesh() {
         format!("mk-app {expected}"),
         "bytes and half-close through both proxies"
     );
+    if on_demand {
+        // ztunnel asked for mk-app by its address and got it under that name.
+        let log = std::fs::read_to_string(dir.join("ztunnel.log")).unwrap();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("received on demand request") && l.contains("/10.250.0.2")),
+            "ztunnel never asked for mk-app's address"
+        );
+    }
     // meshkit's node proxy read the baggage ztunnel sent with the CONNECT.
     until("meshkit's access log shows ztunnel's baggage", || {
         let log = std::fs::read_to_string(dir.join("node-proxy.log")).ok()?;

@@ -23,7 +23,12 @@ use crate::snapshot::Snapshot;
 /// `resource_names_unsubscribe` change the set, `*` is the wildcard, a type whose requests
 /// have never subscribed to a name is a (legacy) wildcard subscription, and the
 /// `initial_resource_versions` of a type's first request say what the client already holds
-/// (a resumed stream is sent only what changed meanwhile).
+/// (a resumed stream is sent only what changed meanwhile). Subscribing to `*` and
+/// unsubscribing from it in one request subscribes to nothing (ztunnel's on-demand start).
+/// A subscription by name is also served by the type's aliases
+/// ([`TypeSnapshot::with_aliases`](crate::TypeSnapshot::with_aliases)), and a subscription
+/// that is not a wildcard also gets the type's implicit resources
+/// ([`TypeSnapshot::with_implicit`](crate::TypeSnapshot::with_implicit)).
 ///
 /// ```
 /// use meshkit_xds_server::{DeltaStream, SnapshotBuilder};
@@ -66,6 +71,10 @@ struct DeltaType {
     known: HashMap<String, String>,
     /// Explicitly subscribed names already reported as not existing.
     reported_missing: BTreeSet<String>,
+    /// Subscribed aliases sent, with the resource name each stood for.
+    aliased: HashMap<String, String>,
+    /// The implicit names of the type snapshot last looked at.
+    implicit: BTreeSet<String>,
     /// Answer even when there is nothing to send (first request).
     must_answer: bool,
     /// The subscription changed since the type was last looked at.
@@ -165,8 +174,9 @@ impl DeltaStream {
         }
         // What the client holds outside its subscription is its own business (it drops it).
         if sub.dirty && !(sub.legacy || sub.wildcard) {
-            let names = &sub.names;
-            sub.known.retain(|n, _| names.contains(n));
+            let (names, implicit) = (&sub.names, &sub.implicit);
+            sub.known
+                .retain(|n, _| names.contains(n) || implicit.contains(n));
         }
         Ok(())
     }
@@ -213,50 +223,82 @@ impl DeltaStream {
             sub.dirty = false;
             sub.seen = Some(ts.content().to_owned());
             let all = sub.legacy || sub.wildcard;
+            if !all {
+                sub.implicit = ts.implicit().clone();
+            }
+            // What a name the client holds stands for now: the resource of that name, or the
+            // one an alias names (with that name).
+            let resolve = |name: &str| match ts.resources().get(name) {
+                Some(r) => Some((r, None)),
+                None => {
+                    let own = ts.alias(name)?;
+                    Some((ts.resources().get(own)?, Some(own)))
+                }
+            };
             let mut resources = Vec::new();
-            let mut send = |name: &String, r: &crate::VersionedResource| {
+            let mut send = |name: &String, r: &crate::VersionedResource, own: Option<&str>| {
                 if sub.known.get(name) != Some(&r.version) {
                     sub.known.insert(name.clone(), r.version.clone());
                     resources.push(Wrapped {
                         name: name.clone(),
                         version: r.version.clone(),
+                        aliases: own.map(str::to_owned).into_iter().collect(),
                         resource: Some(r.resource.clone()),
                         ..Default::default()
                     });
                 }
+                if let Some(own) = own {
+                    sub.aliased.insert(name.clone(), own.to_owned());
+                }
             };
             if all {
                 for (name, r) in ts.resources() {
-                    send(name, r);
+                    send(name, r, None);
                 }
             } else {
-                for (name, r) in sub
-                    .names
-                    .iter()
-                    .filter_map(|n| ts.resources().get_key_value(n))
-                {
-                    send(name, r);
+                let implicit = sub.implicit.iter().filter(|n| !sub.names.contains(*n));
+                for name in sub.names.iter().chain(implicit) {
+                    if let Some((r, own)) = resolve(name) {
+                        send(name, r, own);
+                    }
                 }
             }
             for r in &resources {
                 sub.reported_missing.remove(&r.name);
             }
+            // Held names that no longer stand for anything, or (not a wildcard) are neither
+            // subscribed nor implicit any more.
+            let wanted = |n: &String| all || sub.names.contains(n) || sub.implicit.contains(n);
             let mut removed: Vec<String> = sub
                 .known
                 .keys()
-                .filter(|n| !ts.resources().contains_key(*n))
+                .filter(|n| resolve(n).is_none() || !wanted(n))
                 .cloned()
                 .collect();
             removed.sort_unstable();
+            let mut stood_for = Vec::new();
             for name in &removed {
                 sub.known.remove(name);
                 if sub.names.contains(name) {
                     sub.reported_missing.insert(name.clone());
                 }
+                // The resource an alias stood for goes too, unless held under its own name.
+                if let Some(own) = sub.aliased.remove(name)
+                    && !sub.known.contains_key(&own)
+                    && resolve(name).is_none()
+                {
+                    stood_for.push(own);
+                }
             }
+            sub.aliased.retain(|alias, _| sub.known.contains_key(alias));
             for name in &sub.names {
-                if !ts.resources().contains_key(name) && sub.reported_missing.insert(name.clone()) {
+                if resolve(name).is_none() && sub.reported_missing.insert(name.clone()) {
                     removed.push(name.clone());
+                }
+            }
+            for own in stood_for {
+                if !removed.contains(&own) {
+                    removed.push(own);
                 }
             }
             if resources.is_empty() && removed.is_empty() && !sub.must_answer {
@@ -370,6 +412,77 @@ mod tests {
             ..Default::default()
         });
         let s3 = snapshot(&[(B, "b1", b"changed"), (B, "nope", b"now")]);
+        assert!(st.poll(&s3).is_empty());
+    }
+
+    /// Type A of `resources`, with aliases `(alias, name)` and implicit names.
+    fn with_extras(
+        resources: &[(&str, &str, &[u8])],
+        aliases: &[(&str, &str)],
+        implicit: &[&str],
+    ) -> Snapshot {
+        let ts = snapshot(resources).get_type(A).cloned().unwrap_or_default();
+        let ts = ts
+            .with_aliases(
+                aliases
+                    .iter()
+                    .map(|(a, n)| ((*a).to_owned(), (*n).to_owned())),
+            )
+            .with_implicit(implicit.iter().map(|n| (*n).to_owned()));
+        Snapshot::new().with_type(A, ts)
+    }
+
+    #[test]
+    fn subscribing_to_nothing_gets_the_implicit_resources_and_an_answer() {
+        let s1 = with_extras(&[(A, "local", b"1"), (A, "other", b"2")], &[], &["local"]);
+        let mut st = DeltaStream::default();
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            resource_names_subscribe: vec!["*".into()],
+            resource_names_unsubscribe: vec!["*".into()],
+            ..Default::default()
+        });
+        let out = st.poll(&s1);
+        assert_eq!(names(&out[0]), ["local"], "implicit only, not the wildcard");
+        assert!(st.poll(&s1).is_empty());
+        // Subscribing to a name keeps what is held implicitly.
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            resource_names_subscribe: vec!["other".into()],
+            ..Default::default()
+        });
+        assert_eq!(names(&st.poll(&s1)[0]), ["other"]);
+        // No longer implicit (the workload left the node): removed.
+        let s2 = with_extras(&[(A, "local", b"1"), (A, "other", b"2")], &[], &[]);
+        let out = st.poll(&s2);
+        assert!(out[0].resources.is_empty());
+        assert_eq!(out[0].removed_resources, ["local"]);
+    }
+
+    #[test]
+    fn an_alias_is_answered_under_its_own_name_and_removed_with_what_it_stood_for() {
+        let s1 = with_extras(&[(A, "uid-1", b"1")], &[("/10.0.0.1", "uid-1")], &[]);
+        let mut st = DeltaStream::default();
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            resource_names_subscribe: vec!["/10.0.0.1".into(), "/10.0.0.2".into()],
+            ..Default::default()
+        });
+        let out = st.poll(&s1);
+        assert_eq!(names(&out[0]), ["/10.0.0.1"]);
+        assert_eq!(out[0].resources[0].aliases, ["uid-1"]);
+        assert_eq!(
+            out[0].removed_resources,
+            ["/10.0.0.2"],
+            "an unknown address"
+        );
+        // The resource changes: sent again under the alias.
+        let s2 = with_extras(&[(A, "uid-1", b"changed")], &[("/10.0.0.1", "uid-1")], &[]);
+        assert_eq!(names(&st.poll(&s2)[0]), ["/10.0.0.1"]);
+        // It goes: both the alias and the name it stood for are removed.
+        let s3 = with_extras(&[], &[], &[]);
+        let out = st.poll(&s3);
+        assert_eq!(out[0].removed_resources, ["/10.0.0.1", "uid-1"]);
         assert!(st.poll(&s3).is_empty());
     }
 

@@ -10,7 +10,7 @@
 //! Hashes are the first 64 bits of SHA-256, in hex: stable across processes and builds, so a
 //! Delta client resuming against a restarted server is not sent what it already holds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
@@ -27,6 +27,10 @@ pub struct TypeSnapshot {
     /// `version` was set by the caller rather than computed.
     explicit: bool,
     resources: BTreeMap<String, VersionedResource>,
+    /// Other names a Delta client may subscribe to a resource by, to its own name.
+    aliases: BTreeMap<String, String>,
+    /// Resources sent to every Delta subscriber of the type, named or not.
+    implicit: BTreeSet<String>,
 }
 
 /// A resource and its content version.
@@ -189,6 +193,68 @@ impl TypeSnapshot {
             content,
             explicit: false,
             resources,
+            aliases: BTreeMap::new(),
+            implicit: BTreeSet::new(),
+        }
+    }
+
+    /// The same resources, with other names (`alias`, `name`) a Delta client may subscribe
+    /// to them by. A client that subscribes to an alias is sent the resource under the alias
+    /// it asked for, with the resource's own name in `aliases`: clients match what they
+    /// receive with what they asked for by name (ztunnel's on-demand lookups by
+    /// `network/IP` do). When the alias no longer resolves, the client is told both names
+    /// are removed, so that it drops what it holds. An alias that is also a resource's name,
+    /// or names no resource, is ignored.
+    pub fn with_aliases(mut self, aliases: impl IntoIterator<Item = (String, String)>) -> Self {
+        for (alias, name) in aliases {
+            if !self.resources.contains_key(&alias) && self.resources.contains_key(&name) {
+                self.aliases.insert(alias, name);
+            }
+        }
+        self.rehash();
+        self
+    }
+
+    /// The same resources, with these (of its names) sent to every Delta subscriber of the
+    /// type, including one that subscribed to no name (ztunnel's on-demand mode, which
+    /// expects the workloads of its own node without asking). A name the type does not
+    /// hold is ignored.
+    pub fn with_implicit(mut self, names: impl IntoIterator<Item = String>) -> Self {
+        let held = |n: &String| self.resources.contains_key(n);
+        let names: Vec<String> = names.into_iter().filter(held).collect();
+        self.implicit.extend(names);
+        self.rehash();
+        self
+    }
+
+    /// The resource name `alias` stands for ([`with_aliases`](Self::with_aliases)).
+    pub fn alias(&self, alias: &str) -> Option<&str> {
+        self.aliases.get(alias).map(String::as_str)
+    }
+
+    /// The names sent to every Delta subscriber ([`with_implicit`](Self::with_implicit)).
+    pub fn implicit(&self) -> &BTreeSet<String> {
+        &self.implicit
+    }
+
+    /// Recomputes the content hash (and the version, unless explicit) with the aliases and
+    /// implicit names, so that a change of either alone is seen as a change of the type.
+    fn rehash(&mut self) {
+        let mut h = Sha256::new();
+        h.update(content_hash(&self.resources).as_bytes());
+        for (alias, name) in &self.aliases {
+            h.update([1]);
+            h.update(alias.as_bytes());
+            h.update([0]);
+            h.update(name.as_bytes());
+        }
+        for name in &self.implicit {
+            h.update([2]);
+            h.update(name.as_bytes());
+        }
+        self.content = hex64(&h.finalize());
+        if !self.explicit {
+            self.version = self.content.clone();
         }
     }
 
@@ -213,7 +279,8 @@ impl TypeSnapshot {
 
     /// The resources for which `keep` returns true, with their versions unchanged and the
     /// type's version recomputed from what is kept (an explicit version is kept as it is): a
-    /// per-client view of a type without re-encoding or re-hashing its resources.
+    /// per-client view of a type without re-encoding or re-hashing its resources. Aliases and
+    /// implicit names are not carried over: set them on the view.
     pub fn filtered(&self, mut keep: impl FnMut(&str, &VersionedResource) -> bool) -> Self {
         let resources: BTreeMap<String, VersionedResource> = self
             .resources
@@ -231,6 +298,8 @@ impl TypeSnapshot {
             content,
             explicit: self.explicit,
             resources,
+            aliases: BTreeMap::new(),
+            implicit: BTreeSet::new(),
         }
     }
 
