@@ -107,8 +107,13 @@ wait_port "$S" 127.0.0.1 5201
 for ((r = 1; r <= REPEATS; r++)); do
   for pair in envoy meshkit; do
     start_pair "$pair"
-    # A short transfer first: handshakes and warm-up are not measured.
-    ip netns exec "$C" iperf3 -c 127.0.0.1 -p 15001 -t 1 -P "$STREAMS" >/dev/null
+    # A short transfer first: handshakes and warm-up are not measured. A listener accepts
+    # before every worker is ready (Envoy with several): the warm-up is tried three times.
+    for attempt in 1 2 3; do
+      ip netns exec "$C" iperf3 -c 127.0.0.1 -p 15001 -t 1 -P "$STREAMS" >/dev/null && break
+      [[ $attempt == 3 ]] && { log "$pair: warm-up transfer failed 3 times"; exit 1; }
+      sleep 1
+    done
     procs=("$(cat "$RUN/client.pid")" "$(cat "$RUN/server.pid")")
     before=$(cpu "${procs[@]}")
     ip netns exec "$C" iperf3 -c 127.0.0.1 -p 15001 -t "$DURATION" -P "$STREAMS" -J >"$RUN/iperf-$pair-$r.json"
