@@ -66,7 +66,12 @@ async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketA
     record.plaintext = true;
     // Where the client was going; a connection made to the listener itself was not
     // redirected and names no workload.
-    let target = original_destination(&client).filter(|dst| client.local_addr().ok() != Some(*dst));
+    // (An IPv4-mapped local address of a dual-stack listener is compared as IPv4.)
+    let local = client
+        .local_addr()
+        .ok()
+        .map(|a| SocketAddr::new(a.ip().to_canonical(), a.port()));
+    let target = original_destination(&client).filter(|dst| local != Some(*dst));
     let Some(target) = target else {
         tracing::info!("inbound plaintext connection was not redirected: no original destination");
         telemetry.denied("not_redirected");
@@ -220,10 +225,16 @@ fn reset(sock: &TcpStream) {
 #[cfg(target_os = "linux")]
 fn original_destination(sock: &TcpStream) -> Option<SocketAddr> {
     let sock = socket2::SockRef::from(sock);
-    let original = if sock.local_addr().ok()?.is_ipv6() {
-        sock.original_dst_v6()
-    } else {
+    let local = sock.local_addr().ok()?.as_socket()?;
+    // IPv4 on a dual-stack socket (an IPv4-mapped local address) is tracked as IPv4.
+    let v4 = match local {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().is_some(),
+    };
+    let original = if v4 {
         sock.original_dst_v4()
+    } else {
+        sock.original_dst_v6()
     };
     original.ok()?.as_socket()
 }
