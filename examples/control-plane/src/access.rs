@@ -196,7 +196,9 @@ fn node_view(snapshot: &Snapshot, node: &str) -> Snapshot {
             None => {}
         }
     }
-    // An address or host name that two resources claim stands for neither.
+    // An address or host name that two resources claim stands for neither (a resource that
+    // lists one twice claims it once).
+    let aliases: BTreeSet<(String, String)> = aliases.into_iter().collect();
     let mut claims: HashMap<&str, usize> = HashMap::new();
     for (alias, _) in &aliases {
         *claims.entry(alias.as_str()).or_default() += 1;

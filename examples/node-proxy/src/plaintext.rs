@@ -27,6 +27,10 @@ use crate::telemetry::{
 /// The copy buffer of each direction of a connection.
 const BUFFER: usize = 16 * 1024;
 
+/// Connections one plaintext listener holds at most (each two sockets and two buffers); one
+/// beyond is reset at once, counted as `plaintext_limit`.
+pub(crate) const MAX_CONNECTIONS: usize = 4096;
+
 /// Accepts redirected connections on `listener` until the node proxy drains (then waits for
 /// the open ones to end) or the task is dropped (which drops them).
 pub(super) async fn serve(
@@ -50,6 +54,14 @@ pub(super) async fn serve(
                 continue;
             }
         };
+        // An IPv4 client of a dual-stack listener, as IPv4.
+        let source = SocketAddr::new(source.ip().to_canonical(), source.port());
+        if connections.len() >= MAX_CONNECTIONS {
+            tracing::warn!(%source, limit = MAX_CONNECTIONS, "inbound plaintext connection refused: the listener is full");
+            state.telemetry.denied("plaintext_limit");
+            reset(&sock);
+            continue;
+        }
         let _ = sock.set_nodelay(true);
         let span =
             tracing::info_span!("inbound_plaintext", src = %source, dst = tracing::field::Empty);
@@ -130,21 +142,26 @@ async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketA
         };
     let _ = upstream.set_nodelay(true);
     let open = telemetry.open(record);
-    let (mut client, mut upstream) = (client, upstream);
+    // From here, both sockets are reset when dropped, unless the splice ended cleanly: also
+    // when the task is cut (the drain's deadline, the node proxy dropped).
+    let mut pair = Pair {
+        client,
+        upstream,
+        clean: false,
+    };
     let mut copied = Bytes::default();
     let outcome = tokio::select! {
-        spliced = splice(&mut client, &mut upstream, &mut copied) => Some(spliced),
+        spliced = splice(&mut pair.client, &mut pair.upstream, &mut copied) => Some(spliced),
         () = facts.revoked(&mut mesh) => None,
     };
     match outcome {
         Some(Ok(())) => {
             tracing::debug!(%target, received = copied.received, sent = copied.sent, "inbound plaintext closed");
+            pair.clean = true;
             open.finish(copied, FLAG_NONE);
         }
         Some(Err(end)) => {
             tracing::debug!(%target, failed = ?end, "inbound plaintext reset");
-            reset(&client);
-            reset(&upstream);
             let flag = match end {
                 End::Client => FLAG_DOWNSTREAM_TERMINATION,
                 End::Workload => FLAG_UPSTREAM_TERMINATION,
@@ -154,9 +171,23 @@ async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketA
         None => {
             tracing::info!(%source, %target, "closing inbound plaintext connection: a policy no longer admits it");
             telemetry.denied("policy_changed");
-            reset(&client);
-            reset(&upstream);
             open.finish(copied, FLAG_DENY);
+        }
+    }
+}
+
+/// A client's socket and its workload's, reset on drop unless `clean`.
+struct Pair {
+    client: TcpStream,
+    upstream: TcpStream,
+    clean: bool,
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        if !self.clean {
+            reset(&self.client);
+            reset(&self.upstream);
         }
     }
 }

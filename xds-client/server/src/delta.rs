@@ -75,6 +75,8 @@ struct DeltaType {
     aliased: HashMap<String, String>,
     /// The implicit names of the type snapshot last looked at.
     implicit: BTreeSet<String>,
+    /// The type's first request came: what it says the client holds is yet to be pruned.
+    resumed: bool,
     /// Answer even when there is nothing to send (first request).
     must_answer: bool,
     /// The subscription changed since the type was last looked at.
@@ -171,9 +173,11 @@ impl DeltaStream {
         }
         if first {
             sub.known = req.initial_resource_versions;
+            // Pruned by the next poll, which knows the type's implicit resources.
+            sub.resumed = true;
         }
         // What the client holds outside its subscription is its own business (it drops it).
-        if sub.dirty && !(sub.legacy || sub.wildcard) {
+        if !first && sub.dirty && !(sub.legacy || sub.wildcard) {
             let (names, implicit) = (&sub.names, &sub.implicit);
             sub.known
                 .retain(|n, _| names.contains(n) || implicit.contains(n));
@@ -235,7 +239,17 @@ impl DeltaStream {
                     Some((ts.resources().get(own)?, Some(own)))
                 }
             };
+            if std::mem::take(&mut sub.resumed) && !all {
+                // What a resumed client holds outside its subscription is its own business
+                // (it drops it), except what no longer exists at all: that is said removed.
+                let (names, implicit) = (&sub.names, &sub.implicit);
+                sub.known.retain(|n, _| {
+                    resolve(n).is_none() || names.contains(n) || implicit.contains(n)
+                });
+            }
             let mut resources = Vec::new();
+            // Resources an alias stood for before it moved to another one.
+            let mut left_behind = Vec::new();
             let mut send = |name: &String, r: &crate::VersionedResource, own: Option<&str>| {
                 if sub.known.get(name) != Some(&r.version) {
                     sub.known.insert(name.clone(), r.version.clone());
@@ -247,16 +261,29 @@ impl DeltaStream {
                         ..Default::default()
                     });
                 }
-                if let Some(own) = own {
-                    sub.aliased.insert(name.clone(), own.to_owned());
+                if let Some(own) = own
+                    && let Some(before) = sub.aliased.insert(name.clone(), own.to_owned())
+                    && before != own
+                {
+                    left_behind.push(before);
                 }
             };
+            let implicit = sub.implicit.iter().filter(|n| !sub.names.contains(*n));
             if all {
                 for (name, r) in ts.resources() {
                     send(name, r, None);
                 }
+                // Names subscribed beside the wildcard that are aliases.
+                for name in sub
+                    .names
+                    .iter()
+                    .filter(|n| !ts.resources().contains_key(*n))
+                {
+                    if let Some((r, own)) = resolve(name) {
+                        send(name, r, own);
+                    }
+                }
             } else {
-                let implicit = sub.implicit.iter().filter(|n| !sub.names.contains(*n));
                 for name in sub.names.iter().chain(implicit) {
                     if let Some((r, own)) = resolve(name) {
                         send(name, r, own);
@@ -266,13 +293,21 @@ impl DeltaStream {
             for r in &resources {
                 sub.reported_missing.remove(&r.name);
             }
+            // Whether a held alias other than `except` stands for `own`.
+            let aliased_to = |aliased: &HashMap<String, String>, own: &str, except: &str| {
+                aliased.iter().any(|(a, o)| o == own && a != except)
+            };
             // Held names that no longer stand for anything, or (not a wildcard) are neither
-            // subscribed nor implicit any more.
+            // subscribed nor implicit any more; a resource's own name stays while a held
+            // alias stands for it (the client holds it once, by its content).
             let wanted = |n: &String| all || sub.names.contains(n) || sub.implicit.contains(n);
             let mut removed: Vec<String> = sub
                 .known
                 .keys()
-                .filter(|n| resolve(n).is_none() || !wanted(n))
+                .filter(|n| match resolve(n) {
+                    None => true,
+                    Some(_) => !wanted(n) && !aliased_to(&sub.aliased, n, n),
+                })
                 .cloned()
                 .collect();
             removed.sort_unstable();
@@ -282,15 +317,18 @@ impl DeltaStream {
                 if sub.names.contains(name) {
                     sub.reported_missing.insert(name.clone());
                 }
-                // The resource an alias stood for goes too, unless held under its own name.
                 if let Some(own) = sub.aliased.remove(name)
-                    && !sub.known.contains_key(&own)
                     && resolve(name).is_none()
                 {
                     stood_for.push(own);
                 }
             }
             sub.aliased.retain(|alias, _| sub.known.contains_key(alias));
+            // The resource a gone or moved alias stood for goes too, unless the client holds
+            // it under its own name or another alias still stands for it.
+            stood_for.extend(left_behind);
+            stood_for
+                .retain(|own| !sub.known.contains_key(own) && !aliased_to(&sub.aliased, own, ""));
             for name in &sub.names {
                 if resolve(name).is_none() && sub.reported_missing.insert(name.clone()) {
                     removed.push(name.clone());
@@ -484,6 +522,67 @@ mod tests {
         let out = st.poll(&s3);
         assert_eq!(out[0].removed_resources, ["/10.0.0.1", "uid-1"]);
         assert!(st.poll(&s3).is_empty());
+    }
+
+    #[test]
+    fn an_alias_that_moves_or_shares_its_resource_keeps_the_client_consistent() {
+        let both = &[("/10.0.0.1", "uid-1"), ("/10.0.0.9", "uid-1")][..];
+        let s1 = with_extras(&[(A, "uid-1", b"1"), (A, "uid-2", b"2")], both, &[]);
+        let mut st = DeltaStream::default();
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            resource_names_subscribe: vec!["/10.0.0.1".into(), "/10.0.0.9".into()],
+            ..Default::default()
+        });
+        assert_eq!(names(&st.poll(&s1)[0]), ["/10.0.0.1", "/10.0.0.9"]);
+        // One address goes: the resource stays, the other alias still stands for it.
+        let s2 = with_extras(
+            &[(A, "uid-1", b"1"), (A, "uid-2", b"2")],
+            &[("/10.0.0.1", "uid-1")],
+            &[],
+        );
+        assert_eq!(st.poll(&s2)[0].removed_resources, ["/10.0.0.9"]);
+        // The address moves to another resource: sent again, and the one left is removed.
+        let s3 = with_extras(
+            &[(A, "uid-1", b"1"), (A, "uid-2", b"2")],
+            &[("/10.0.0.1", "uid-2")],
+            &[],
+        );
+        let out = st.poll(&s3);
+        assert_eq!(names(&out[0]), ["/10.0.0.1"]);
+        assert_eq!(out[0].resources[0].aliases, ["uid-2"]);
+        assert_eq!(out[0].removed_resources, ["uid-1"]);
+    }
+
+    #[test]
+    fn a_resumed_on_demand_client_keeps_what_is_current_and_hears_what_went() {
+        let s1 = with_extras(&[(A, "local", b"1")], &[], &["local"]);
+        let v = s1.get(A, "local").map(|r| r.version.clone()).unwrap();
+        let mut st = DeltaStream::default();
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            resource_names_subscribe: vec!["*".into()],
+            resource_names_unsubscribe: vec!["*".into()],
+            initial_resource_versions: [("local".to_owned(), v), ("gone".to_owned(), "x".into())]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        });
+        let out = st.poll(&s1);
+        assert!(out[0].resources.is_empty(), "local is up to date");
+        assert_eq!(out[0].removed_resources, ["gone"]);
+    }
+
+    #[test]
+    fn a_wildcard_subscriber_naming_an_alias_is_answered_for_it() {
+        let s1 = with_extras(&[(A, "uid-1", b"1")], &[("/10.0.0.1", "uid-1")], &[]);
+        let mut st = DeltaStream::default();
+        st.handle_request(DeltaDiscoveryRequest {
+            type_url: A.into(),
+            resource_names_subscribe: vec!["*".into(), "/10.0.0.1".into()],
+            ..Default::default()
+        });
+        assert_eq!(names(&st.poll(&s1)[0]), ["uid-1", "/10.0.0.1"]);
     }
 
     #[test]
