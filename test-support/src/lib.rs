@@ -79,16 +79,31 @@ pub fn scrape(addr: std::net::SocketAddr) -> openmetrics::Exposition {
     openmetrics::parse(&body).unwrap_or_else(|e| panic!("the scrape does not parse: {e}\n{body}"))
 }
 
-/// A loopback port nothing listens on right now.
+/// A loopback port nothing listens on right now, for a program a test starts to bind.
+///
+/// It is taken below Linux's ephemeral range (32768 and up): a port the system picked
+/// (`bind` to port 0) is an ephemeral one, which any outgoing connection made before the
+/// program binds it may take as its own local port, and the program then fails with
+/// "address in use". Ports here are tried in an order that differs per process and call,
+/// so that test binaries running side by side rarely try the same ones.
 ///
 /// # Panics
 ///
-/// When no loopback port can be bound.
+/// When no port of the range can be bound.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let start = std::process::id()
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(call.wrapping_mul(7_919));
+    (0..COUNT)
+        .map(|i| FIRST + start.wrapping_add(i.wrapping_mul(4_099)) % COUNT)
+        .filter_map(|port| u16::try_from(port).ok())
+        .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .expect("a free loopback port below the ephemeral range")
 }
 
 /// Blocks until something accepts connections on `127.0.0.1:port`.
