@@ -20,7 +20,7 @@ use tracing::Instrument;
 use super::AbortOnDrop;
 use crate::telemetry::{
     Bytes, ConnRecord, Direction, FLAG_CONNECT, FLAG_DENY, FLAG_NONE, MeshView, OpenConnection,
-    PeerLabels, Servers, ServiceLabels, Telemetry,
+    PeerLabels, Servers, Telemetry,
 };
 use crate::trace;
 
@@ -109,6 +109,25 @@ impl InboundState {
                 own.port() == target.port()
                     && (own.ip() == target.ip() || own.ip().is_unspecified())
             })
+    }
+
+    /// Connects to the workload at `target`, within the connect timeout: the socket, or the
+    /// status that says why not (503 refused, 504 timed out), logged.
+    pub(super) async fn dial(&self, target: SocketAddr) -> Result<TcpStream, StatusCode> {
+        match tokio::time::timeout(self.connect_timeout, TcpStream::connect(target)).await {
+            Ok(Ok(sock)) => {
+                let _ = sock.set_nodelay(true);
+                Ok(sock)
+            }
+            Ok(Err(e)) => {
+                tracing::info!(%target, error = %e, "inbound target unreachable");
+                Err(StatusCode::SERVICE_UNAVAILABLE)
+            }
+            Err(_) => {
+                tracing::info!(%target, "inbound target connect timed out");
+                Err(StatusCode::GATEWAY_TIMEOUT)
+            }
+        }
     }
 
     /// Why nothing may be forwarded to `target`, if so: one of the node proxy's own
@@ -208,15 +227,7 @@ fn record(
     };
     let mut record = ConnRecord::new(Direction::Inbound, source_addr);
     record.source = source;
-    record.destination_addr = Some(target);
-    record.destination = view
-        .peer(target.ip())
-        .cloned()
-        .unwrap_or_else(PeerLabels::unknown);
-    record.service = view
-        .service_of(target.ip(), target.port())
-        .cloned()
-        .unwrap_or_else(ServiceLabels::unknown);
+    record.set_destination(view, target);
     record
 }
 
@@ -273,21 +284,13 @@ async fn decide_in(
     }
     tracing::debug!(peer = %req.peer, source = %req.source, target = %req.target, "inbound tunnel");
     let (peer, target) = (req.peer.clone(), req.target);
-    let upstream =
-        match tokio::time::timeout(state.connect_timeout, TcpStream::connect(target)).await {
-            Ok(Ok(sock)) => sock,
-            Ok(Err(e)) => {
-                tracing::info!(%target, error = %e, "inbound target unreachable");
-                telemetry.refused(record, FLAG_CONNECT);
-                return Decision::refuse(StatusCode::SERVICE_UNAVAILABLE);
-            }
-            Err(_) => {
-                tracing::info!(%target, "inbound target connect timed out");
-                telemetry.refused(record, FLAG_CONNECT);
-                return Decision::refuse(StatusCode::GATEWAY_TIMEOUT);
-            }
-        };
-    let _ = upstream.set_nodelay(true);
+    let upstream = match state.dial(target).await {
+        Ok(sock) => sock,
+        Err(status) => {
+            telemetry.refused(record, FLAG_CONNECT);
+            return Decision::refuse(status);
+        }
+    };
     *state
         .accepted
         .lock()

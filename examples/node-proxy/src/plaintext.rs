@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::inbound::{Facts, InboundState};
 use crate::telemetry::{
     Bytes, ConnRecord, Direction, FLAG_CONNECT, FLAG_DENY, FLAG_DOWNSTREAM_TERMINATION, FLAG_NONE,
-    FLAG_UPSTREAM_TERMINATION, PeerLabels, ServiceLabels,
+    FLAG_UPSTREAM_TERMINATION,
 };
 
 /// The copy buffer of each direction of a connection.
@@ -92,18 +92,7 @@ async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketA
         return;
     };
     tracing::Span::current().record("dst", tracing::field::display(target));
-    {
-        let view = state.index.borrow();
-        record.destination_addr = Some(target);
-        record.destination = view
-            .peer(target.ip())
-            .cloned()
-            .unwrap_or_else(PeerLabels::unknown);
-        record.service = view
-            .service_of(target.ip(), target.port())
-            .cloned()
-            .unwrap_or_else(ServiceLabels::unknown);
-    }
+    record.set_destination(&state.index.borrow(), target);
     if let Some(reason) = state.refusal(target) {
         tracing::info!(%target, reason, "inbound plaintext refused");
         telemetry.denied(reason);
@@ -124,23 +113,11 @@ async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketA
         reset(&client);
         return;
     }
-    let upstream =
-        match tokio::time::timeout(state.connect_timeout, TcpStream::connect(target)).await {
-            Ok(Ok(sock)) => sock,
-            Ok(Err(e)) => {
-                tracing::info!(%target, error = %e, "inbound plaintext target unreachable");
-                telemetry.refused(record, FLAG_CONNECT);
-                reset(&client);
-                return;
-            }
-            Err(_) => {
-                tracing::info!(%target, "inbound plaintext target connect timed out");
-                telemetry.refused(record, FLAG_CONNECT);
-                reset(&client);
-                return;
-            }
-        };
-    let _ = upstream.set_nodelay(true);
+    let Ok(upstream) = state.dial(target).await else {
+        telemetry.refused(record, FLAG_CONNECT);
+        reset(&client);
+        return;
+    };
     let open = telemetry.open(record);
     // From here, both sockets are reset when dropped, unless the splice ended cleanly: also
     // when the task is cut (the drain's deadline, the node proxy dropped).

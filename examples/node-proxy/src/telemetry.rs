@@ -786,6 +786,20 @@ impl ConnRecord {
         }
     }
 
+    /// Records where the connection goes: `target`, with the labels of its workload and
+    /// service in `view` (unknown when `view` has none).
+    pub(crate) fn set_destination(&mut self, view: &MeshView, target: SocketAddr) {
+        self.destination_addr = Some(target);
+        self.destination = view
+            .peer(target.ip())
+            .cloned()
+            .unwrap_or_else(PeerLabels::unknown);
+        self.service = view
+            .service_of(target.ip(), target.port())
+            .cloned()
+            .unwrap_or_else(ServiceLabels::unknown);
+    }
+
     fn labels(&self, response_flags: &'static str) -> TcpLabels {
         TcpLabels {
             direction: self.direction,
