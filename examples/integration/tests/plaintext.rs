@@ -17,7 +17,6 @@ mod netns;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use meshkit_test_support::workspace_bin;
 use netns::{CLIENT, ECHO, Netns, exchange, until};
 
 const MANIFESTS: &str = r#"
@@ -99,68 +98,10 @@ fn redirected_plaintext_is_decided_by_the_mesh_policies_without_an_identity() {
     std::fs::write(dir.join("mk-token"), "mk-token").unwrap();
     std::fs::write(dir.join("echo.py"), ECHO).unwrap();
     std::fs::write(dir.join("client.py"), CLIENT).unwrap();
-    let path = |f: &str| dir.join(f).display().to_string();
 
-    let _cp = ns.spawn(
-        &ns.m,
-        &workspace_bin("control-plane"),
-        &[
-            "--manifests",
-            &path("manifests"),
-            "--tokens",
-            &path("tokens.txt"),
-            "--ads-listen",
-            "10.250.0.2:15010",
-            "--ca-listen",
-            "10.250.0.2:15012",
-            "--root-out",
-            &path("root.pem"),
-            "--admin-addr",
-            "127.0.0.1:15014",
-        ],
-        &[],
-        &dir.join("control-plane.log"),
-    );
-    until("the control plane's root", || {
-        dir.join("root.pem").exists().then_some(())
-    });
-    let python = Path::new("python3");
-    let _echo: Vec<_> = ["9000", "9001"]
-        .iter()
-        .map(|port| {
-            ns.spawn(
-                &ns.m,
-                python,
-                &[&path("echo.py"), "10.250.0.2", port, "mk-app"],
-                &[],
-                &dir.join(format!("echo-{port}.log")),
-            )
-        })
-        .collect();
-    let _node = ns.spawn(
-        &ns.m,
-        &workspace_bin("node-proxy"),
-        &[
-            "--node",
-            "node-m",
-            "--xds",
-            "https://10.250.0.2:15010",
-            "--ca",
-            "https://10.250.0.2:15012",
-            "--ca-root",
-            &path("root.pem"),
-            "--xds-ca",
-            &path("root.pem"),
-            "--xds-token-file",
-            &path("mk-token"),
-            "--inbound-plaintext",
-            "0.0.0.0:15006",
-            "--admin-addr",
-            "127.0.0.1:15020",
-        ],
-        &[("RUST_LOG", "info".to_owned())],
-        &dir.join("node-proxy.log"),
-    );
+    let _cp = ns.control_plane(&dir);
+    let _echo = ns.echo(&ns.m, &dir, "10.250.0.2", &["9000", "9001"], "mk-app");
+    let _node = ns.node_proxy(&dir, &["--inbound-plaintext", "0.0.0.0:15006"]);
     let client = dir.join("client.py");
 
     // Allowed: a MiB there, the half-close, the digest back.

@@ -24,7 +24,6 @@ mod netns;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use meshkit_test_support::{KillOnDrop, workspace_bin as bin};
 use netns::{CLIENT, ECHO, Netns, exchange, until};
 
 const MANIFESTS: &str = r#"
@@ -337,64 +336,13 @@ fn joins(ztunnel: &Path, on_demand: bool) {
     let ns = Netns::create();
 
     // M: the control plane, the echo applications, the node proxy.
-    let _cp = ns.spawn(
-        &ns.m,
-        &bin("control-plane"),
+    let _cp = ns.control_plane(&dir);
+    let _echo_m = ns.echo(&ns.m, &dir, "10.250.0.2", &["8080"], "mk-app");
+    let _echo_o = ns.echo(&ns.m, &dir, "10.250.0.3", &["8080"], "mk-other");
+    let _echo_twin = ns.echo(&ns.m, &dir, "10.250.0.9", &["9000", "9001"], "mk-twin");
+    let _node = ns.node_proxy(
+        &dir,
         &[
-            "--manifests",
-            &path("manifests"),
-            "--tokens",
-            &path("tokens.txt"),
-            "--ads-listen",
-            "10.250.0.2:15010",
-            "--ca-listen",
-            "10.250.0.2:15012",
-            "--root-out",
-            &path("root.pem"),
-            "--admin-addr",
-            "127.0.0.1:15014",
-        ],
-        &[],
-        &dir.join("control-plane.log"),
-    );
-    until("the control plane's root", || {
-        dir.join("root.pem").exists().then_some(())
-    });
-    let python = PathBuf::from("python3");
-    // An echo application answering as `name` on each of `ports` of `addr`, in `netns`.
-    let echo = |netns: &str, addr: &str, ports: &[&str], name: &str| -> Vec<KillOnDrop> {
-        ports
-            .iter()
-            .map(|port| {
-                ns.spawn(
-                    netns,
-                    &python,
-                    &[&path("echo.py"), addr, port, name],
-                    &[],
-                    &dir.join(format!("echo-{name}-{port}.log")),
-                )
-            })
-            .collect()
-    };
-    let _echo_m = echo(&ns.m, "10.250.0.2", &["8080"], "mk-app");
-    let _echo_o = echo(&ns.m, "10.250.0.3", &["8080"], "mk-other");
-    let _echo_twin = echo(&ns.m, "10.250.0.9", &["9000", "9001"], "mk-twin");
-    let _node = ns.spawn(
-        &ns.m,
-        &bin("node-proxy"),
-        &[
-            "--node",
-            "node-m",
-            "--xds",
-            "https://10.250.0.2:15010",
-            "--ca",
-            "https://10.250.0.2:15012",
-            "--ca-root",
-            &path("root.pem"),
-            "--xds-ca",
-            &path("root.pem"),
-            "--xds-token-file",
-            &path("mk-token"),
             "--outbound",
             "10.250.0.2:15081=zt-echo.zt.svc.cluster.local:80",
             "--outbound",
@@ -403,16 +351,12 @@ fn joins(ztunnel: &Path, on_demand: bool) {
             "10.250.0.2:15083=twin.zt.svc.cluster.local:80",
             "--outbound",
             "10.250.0.2:15084=twin.zt.svc.cluster.local:81",
-            "--admin-addr",
-            "127.0.0.1:15020",
             // Tunnels leave from the caller's own address, as ztunnel's in-pod mode's do:
             // ztunnel judges IP blocks by the HBONE connection's source.
             "--preserve-source-address",
             "--inbound-plaintext",
             "0.0.0.0:15006",
         ],
-        &[("RUST_LOG", "info".to_owned())],
-        &dir.join("node-proxy.log"),
     );
 
     // Z: ztunnel, configured only by its environment, and its application.
@@ -449,7 +393,7 @@ fn joins(ztunnel: &Path, on_demand: bool) {
         &zt_env,
         &dir.join("ztunnel.log"),
     );
-    let _echo_z = echo(&ns.z, "10.250.0.1", &["9000", "9001"], "zt-app");
+    let _echo_z = ns.echo(&ns.z, &dir, "10.250.0.1", &["9000", "9001"], "zt-app");
     // Plaintext for zt-app and mk-twin arriving over the veth goes to port 15006 of their
     // proxies, as the platform's redirection does for ztunnel.
     ns.redirect(&ns.z, "10.250.0.1", &[9000, 9001], 15006)

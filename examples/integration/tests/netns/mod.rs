@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use meshkit_test_support::KillOnDrop;
+use meshkit_test_support::{KillOnDrop, workspace_bin};
 
 /// Bound on every wait for a state the mesh must reach.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
@@ -228,6 +228,94 @@ impl Netns {
                 .spawn()
                 .unwrap(),
         )
+    }
+
+    /// meshkit's control plane in `M`, on 10.250.0.2 (ADS :15010, CA :15012, admin on
+    /// loopback :15014), reading `dir/manifests` and `dir/tokens.txt`; returns once it has
+    /// written its root to `dir/root.pem`.
+    pub(crate) fn control_plane(&self, dir: &Path) -> KillOnDrop {
+        let path = |f: &str| dir.join(f).display().to_string();
+        let cp = self.spawn(
+            &self.m,
+            &workspace_bin("control-plane"),
+            &[
+                "--manifests",
+                &path("manifests"),
+                "--tokens",
+                &path("tokens.txt"),
+                "--ads-listen",
+                "10.250.0.2:15010",
+                "--ca-listen",
+                "10.250.0.2:15012",
+                "--root-out",
+                &path("root.pem"),
+                "--admin-addr",
+                "127.0.0.1:15014",
+            ],
+            &[],
+            &dir.join("control-plane.log"),
+        );
+        until("the control plane's root", || {
+            dir.join("root.pem").exists().then_some(())
+        });
+        cp
+    }
+
+    /// meshkit's node proxy for node `node-m` in `M`, fed by [`Netns::control_plane`] over
+    /// `https://` with the token in `dir/mk-token`, its admin on loopback :15020, with
+    /// `extra` arguments.
+    pub(crate) fn node_proxy(&self, dir: &Path, extra: &[&str]) -> KillOnDrop {
+        let path = |f: &str| dir.join(f).display().to_string();
+        let (root, token) = (path("root.pem"), path("mk-token"));
+        let mut args = vec![
+            "--node",
+            "node-m",
+            "--xds",
+            "https://10.250.0.2:15010",
+            "--ca",
+            "https://10.250.0.2:15012",
+            "--ca-root",
+            &root,
+            "--xds-ca",
+            &root,
+            "--xds-token-file",
+            &token,
+            "--admin-addr",
+            "127.0.0.1:15020",
+        ];
+        args.extend_from_slice(extra);
+        self.spawn(
+            &self.m,
+            &workspace_bin("node-proxy"),
+            &args,
+            &[("RUST_LOG", "info".to_owned())],
+            &dir.join("node-proxy.log"),
+        )
+    }
+
+    /// The echo application (`dir/echo.py`) answering as `name` on each of `ports` of
+    /// `addr`, in `netns`.
+    pub(crate) fn echo(
+        &self,
+        netns: &str,
+        dir: &Path,
+        addr: &str,
+        ports: &[&str],
+        name: &str,
+    ) -> Vec<KillOnDrop> {
+        let script = dir.join("echo.py").display().to_string();
+        ports
+            .iter()
+            .map(|port| {
+                self.spawn(
+                    netns,
+                    Path::new("python3"),
+                    &[&script, addr, port, name],
+                    &[],
+                    &dir.join(format!("echo-{name}-{port}.log")),
+                )
+            })
+            .collect()
     }
 
     pub(crate) fn run(&self, netns: &str, args: &[&str]) -> Output {
