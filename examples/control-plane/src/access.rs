@@ -27,6 +27,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use meshkit_ingress_model::{Ingress, IngressClass};
+use meshkit_mesh::feed::ip_from_bytes;
 use meshkit_mesh::proto::workload::{Address, address};
 use meshkit_mesh::resources::{
     ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL,
@@ -160,42 +161,37 @@ fn node_view(snapshot: &Snapshot, node: &str) -> Snapshot {
     let Some(addresses) = snapshot.get_type(ADDRESS_TYPE_URL) else {
         return Snapshot::new();
     };
-    let decoded = |r: &meshkit_xds_server::VersionedResource| {
-        Address::decode(r.resource.value.as_slice())
-            .ok()
-            .and_then(|a| a.r#type)
-    };
-    let kept = addresses.filtered(|_, r| match decoded(r) {
-        Some(address::Type::Service(_)) => true,
-        Some(address::Type::Workload(w)) => w.node == node || !w.services.is_empty(),
-        None => false,
-    });
     // For a node proxy in on-demand mode (ztunnel's XDS_ON_DEMAND, which subscribes to no
-    // Address by name at first): its own node's workloads without asking, and every
-    // workload and service by the names it asks for them by.
+    // Address by name at first): its own node's workloads without asking, and every kept
+    // workload and service by the names it asks for them by. Each resource is decoded once.
     let mut implicit = Vec::new();
     let mut aliases = Vec::new();
-    for (name, r) in kept.resources() {
-        match decoded(r) {
-            Some(address::Type::Workload(w)) => {
-                if w.node == node {
-                    implicit.push(name.clone());
-                }
-                for ip in w.addresses.iter().filter_map(|a| ip_of(a)) {
-                    aliases.push((format!("{}/{ip}", w.network), name.clone()));
-                }
-            }
+    let by_ip = |network: &str, bytes: &[u8], name: &str| {
+        ip_from_bytes(bytes).map(|ip| (format!("{network}/{ip}"), name.to_owned()))
+    };
+    let kept = addresses.filtered(|name, r| {
+        let decoded = Address::decode(r.resource.value.as_slice()).ok();
+        match decoded.and_then(|a| a.r#type) {
             Some(address::Type::Service(svc)) => {
-                for a in &svc.addresses {
-                    if let Some(ip) = ip_of(&a.address) {
-                        aliases.push((format!("{}/{ip}", a.network), name.clone()));
-                    }
-                }
-                aliases.push((svc.hostname.clone(), name.clone()));
+                let ips = svc.addresses.iter();
+                aliases.extend(ips.filter_map(|a| by_ip(&a.network, &a.address, name)));
+                aliases.push((svc.hostname, name.to_owned()));
+                true
             }
-            None => {}
+            Some(address::Type::Workload(w)) => {
+                let keep = w.node == node || !w.services.is_empty();
+                if keep {
+                    if w.node == node {
+                        implicit.push(name.to_owned());
+                    }
+                    let ips = w.addresses.iter();
+                    aliases.extend(ips.filter_map(|a| by_ip(&w.network, a, name)));
+                }
+                keep
+            }
+            None => false,
         }
-    }
+    });
     // An address or host name that two resources claim stands for neither (a resource that
     // lists one twice claims it once).
     let aliases: BTreeSet<(String, String)> = aliases.into_iter().collect();
@@ -215,15 +211,6 @@ fn node_view(snapshot: &Snapshot, node: &str) -> Snapshot {
     match snapshot.get_type(AUTHORIZATION_TYPE_URL) {
         Some(policies) => view.with_type(AUTHORIZATION_TYPE_URL, policies.clone()),
         None => view,
-    }
-}
-
-/// The address of a workload or service address field (4 or 16 bytes).
-fn ip_of(bytes: &[u8]) -> Option<std::net::IpAddr> {
-    match bytes.len() {
-        4 => <[u8; 4]>::try_from(bytes).ok().map(std::net::IpAddr::from),
-        16 => <[u8; 16]>::try_from(bytes).ok().map(std::net::IpAddr::from),
-        _ => None,
     }
 }
 
