@@ -293,10 +293,12 @@ impl DeltaStream {
             for r in &resources {
                 sub.reported_missing.remove(&r.name);
             }
-            // Whether a held alias other than `except` stands for `own`.
-            let aliased_to = |aliased: &HashMap<String, String>, own: &str, except: &str| {
-                aliased.iter().any(|(a, o)| o == own && a != except)
+            // The resources some held alias stands for (an alias is never a resource's own
+            // name, so a name is never its own alias's target).
+            let targets = |aliased: &HashMap<String, String>| -> BTreeSet<String> {
+                aliased.values().cloned().collect()
             };
+            let aliased_now = targets(&sub.aliased);
             // Held names that no longer stand for anything, or (not a wildcard) are neither
             // subscribed nor implicit any more; a resource's own name stays while a held
             // alias stands for it (the client holds it once, by its content).
@@ -306,7 +308,7 @@ impl DeltaStream {
                 .keys()
                 .filter(|n| match resolve(n) {
                     None => true,
-                    Some(_) => !wanted(n) && !aliased_to(&sub.aliased, n, n),
+                    Some(_) => !wanted(n) && !aliased_now.contains(*n),
                 })
                 .cloned()
                 .collect();
@@ -327,8 +329,8 @@ impl DeltaStream {
             // The resource a gone or moved alias stood for goes too, unless the client holds
             // it under its own name or another alias still stands for it.
             stood_for.extend(left_behind);
-            stood_for
-                .retain(|own| !sub.known.contains_key(own) && !aliased_to(&sub.aliased, own, ""));
+            let aliased_after = targets(&sub.aliased);
+            stood_for.retain(|own| !sub.known.contains_key(own) && !aliased_after.contains(own));
             for name in &sub.names {
                 if resolve(name).is_none() && sub.reported_missing.insert(name.clone()) {
                     removed.push(name.clone());
