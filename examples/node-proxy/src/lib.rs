@@ -68,6 +68,7 @@
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod accept;
 mod baggage;
 mod inbound;
 mod outbound;

@@ -73,24 +73,10 @@ struct Refusal {
 
 /// Accepts connections for one outbound listener until the node proxy drains (then waits for
 /// the open connections to end) or the task is dropped (which drops them).
-pub(super) async fn serve(listener: TcpListener, mut ctx: Outbound) {
+pub(super) async fn serve(listener: TcpListener, ctx: Outbound) {
     let next = Arc::new(AtomicUsize::new(0));
-    // Owned here so that dropping the listener task drops its tunnels too.
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        while connections.try_join_next().is_some() {}
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = ctx.drain.wait_for(|draining| *draining) => break,
-        };
-        let (sock, source) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!(listen = %ctx.rule.listen, error = %e, "outbound accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    let drain = ctx.drain.clone();
+    crate::accept::until_drained(listener, drain, "outbound", |sock, source, _open| {
         let _ = sock.set_nodelay(true);
         // No HTTP at L4, so no trace to continue: each connection starts one.
         let (traceparent, trace_id) = trace::start();
@@ -114,11 +100,9 @@ pub(super) async fn serve(listener: TcpListener, mut ctx: Outbound) {
         let mut record = ConnRecord::new(Direction::Outbound, source);
         record.trace_id = Some(trace_id);
         let (client, telemetry) = (ctx.client.clone(), ctx.telemetry.clone());
-        connections.spawn(connection(sock, record, plan, client, telemetry).instrument(span));
-    }
-    drop(listener);
-    tracing::info!(listen = %ctx.rule.listen, open = connections.len(), "outbound listener closed for the drain");
-    while connections.join_next().await.is_some() {}
+        Some(connection(sock, record, plan, client, telemetry).instrument(span))
+    })
+    .await;
 }
 
 /// The plan for a connection from `source`: every endpoint, starting at the next one in turn.

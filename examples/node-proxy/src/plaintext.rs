@@ -36,40 +36,23 @@ pub(crate) const MAX_CONNECTIONS: usize = 4096;
 pub(super) async fn serve(
     listener: TcpListener,
     state: Arc<InboundState>,
-    mut drain: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
 ) {
-    let listen = listener.local_addr().ok();
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        while connections.try_join_next().is_some() {}
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = drain.wait_for(|draining| *draining) => break,
-        };
-        let (sock, source) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!(listen = ?listen, error = %e, "inbound plaintext accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    crate::accept::until_drained(listener, drain, "inbound plaintext", |sock, source, open| {
         // An IPv4 client of a dual-stack listener, as IPv4.
         let source = SocketAddr::new(source.ip().to_canonical(), source.port());
-        if connections.len() >= MAX_CONNECTIONS {
+        if open >= MAX_CONNECTIONS {
             tracing::warn!(%source, limit = MAX_CONNECTIONS, "inbound plaintext connection refused: the listener is full");
             state.telemetry.denied("plaintext_limit");
             reset(&sock);
-            continue;
+            return None;
         }
         let _ = sock.set_nodelay(true);
         let span =
             tracing::info_span!("inbound_plaintext", src = %source, dst = tracing::field::Empty);
-        connections.spawn(connection(state.clone(), sock, source).instrument(span));
-    }
-    drop(listener);
-    tracing::info!(listen = ?listen, open = connections.len(), "inbound plaintext listener closed for the drain");
-    while connections.join_next().await.is_some() {}
+        Some(connection(state.clone(), sock, source).instrument(span))
+    })
+    .await;
 }
 
 async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketAddr) {
