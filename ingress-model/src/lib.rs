@@ -57,6 +57,8 @@
 //! - [`manifest`]: JSON and (multi-document) YAML with the Kubernetes field names.
 //! - [`validation`]: the API server's create-time rules, with Kubernetes-style field errors.
 //! - [`route`]: [`RouteTable`], the conflict rule, IngressClass filtering and SNI lookup.
+//! - [`gateway`]: the Gateway API (GatewayClass, Gateway, HTTPRoute, ReferenceGrant): types,
+//!   manifests, the CRDs' validation and [`gateway::HttpRouteTable`].
 //!
 //! # Feature flags
 //!
@@ -71,6 +73,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod envelope;
+pub mod gateway;
 pub mod k8s;
 pub mod manifest;
 pub mod route;

@@ -56,7 +56,7 @@ pub enum ManifestError {
     },
     /// An object of the right kind has an API version this crate does not read.
     #[error(
-        "document {document}{item}: {kind} with apiVersion {api_version:?} is not supported (only networking.k8s.io/v1)",
+        "document {document}{item}: {kind} with apiVersion {api_version:?} is not supported (only {supported})",
         item = fmt_item(*.item)
     )]
     UnsupportedVersion {
@@ -68,6 +68,8 @@ pub enum ManifestError {
         kind: String,
         /// The API version found.
         api_version: String,
+        /// The API versions this crate reads for the kind.
+        supported: &'static str,
     },
     /// A field has the wrong type or an invalid value.
     #[error("document {document}{item}: {path}: {message}", item = fmt_item(*.item))]
@@ -288,7 +290,7 @@ fn is_plain_safe(s: &str) -> bool {
 // Later serde-saphyr 0.0.x releases deprecate building `Options`/`Budget` with struct
 // literals in favour of macros that 0.0.16 (the locked version) lacks; this form builds on both.
 #[allow(deprecated)]
-fn yaml_documents(text: &str) -> Result<Vec<Value>, ManifestError> {
+pub(crate) fn yaml_documents(text: &str) -> Result<Vec<Value>, ManifestError> {
     let options = serde_saphyr::Options {
         budget: Some(serde_saphyr::Budget {
             max_depth: MAX_YAML_DEPTH,
@@ -305,6 +307,79 @@ fn objects_of_kind<T: Kind + DeserializeOwned>(
     documents: Vec<Value>,
 ) -> Result<Vec<T>, ManifestError> {
     let mut out = Vec::new();
+    for_each_object(documents, &[T::KIND], |kind, object| {
+        if kind == T::KIND {
+            out.push(object.decode(&[T::API_VERSION])?);
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// One object of a manifest, not yet decoded: its fields and where it was found.
+pub(crate) struct RawObject {
+    map: Map<String, Value>,
+    document: usize,
+    item: Option<usize>,
+}
+
+impl RawObject {
+    /// Decodes the object as `T` when its `apiVersion` is one of `versions`.
+    pub(crate) fn decode<T: DeserializeOwned>(
+        mut self,
+        versions: &[&'static str],
+    ) -> Result<T, ManifestError> {
+        let api_version = self
+            .map
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !versions.contains(&api_version) {
+            let kind = self.map.get("kind").and_then(Value::as_str).unwrap_or("");
+            return Err(ManifestError::UnsupportedVersion {
+                document: self.document,
+                item: self.item,
+                kind: kind.to_owned(),
+                api_version: api_version.to_owned(),
+                supported: versions.first().copied().unwrap_or(""),
+            });
+        }
+        self.map.remove("kind");
+        self.map.remove("apiVersion");
+        let mut value = Value::Object(self.map);
+        drop_nulls(&mut value);
+        serde_path_to_error::deserialize(value).map_err(|err| ManifestError::Field {
+            document: self.document,
+            item: self.item,
+            path: err.path().to_string(),
+            message: err.inner().to_string(),
+        })
+    }
+}
+
+/// Calls `visit` with the kind and fields of every object in `documents`, in order; the
+/// items of a `List`, and of a list of one of the `listed` kinds (`IngressList`), count as
+/// objects of their own. Documents that are `null` (an empty YAML document) are skipped.
+pub(crate) fn for_each_object(
+    documents: Vec<Value>,
+    listed: &[&str],
+    mut visit: impl FnMut(&str, RawObject) -> Result<(), ManifestError>,
+) -> Result<(), ManifestError> {
+    let mut visit_map = |map: Map<String, Value>, document, item| {
+        let kind = map
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        visit(
+            &kind,
+            RawObject {
+                map,
+                document,
+                item,
+            },
+        )
+    };
     for (document, value) in documents.into_iter().enumerate() {
         if value.is_null() {
             continue;
@@ -316,59 +391,29 @@ fn objects_of_kind<T: Kind + DeserializeOwned>(
             });
         };
         let kind = map.get("kind").and_then(Value::as_str).unwrap_or("");
-        if kind == "List" || kind.strip_suffix("List") == Some(T::KIND) {
-            let items = match map.remove("items") {
-                Some(Value::Array(items)) => items,
-                _ => Vec::new(),
+        let is_list = kind == "List"
+            || kind
+                .strip_suffix("List")
+                .is_some_and(|k| listed.contains(&k));
+        if !is_list {
+            visit_map(map, document, None)?;
+            continue;
+        }
+        let items = match map.remove("items") {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        };
+        for (index, item) in items.into_iter().enumerate() {
+            let Value::Object(item_map) = item else {
+                return Err(ManifestError::NotAnObject {
+                    document,
+                    item: Some(index),
+                });
             };
-            for (index, item) in items.into_iter().enumerate() {
-                let Value::Object(item_map) = item else {
-                    return Err(ManifestError::NotAnObject {
-                        document,
-                        item: Some(index),
-                    });
-                };
-                if let Some(object) = object_of_kind(item_map, document, Some(index))? {
-                    out.push(object);
-                }
-            }
-        } else if let Some(object) = object_of_kind(map, document, None)? {
-            out.push(object);
+            visit_map(item_map, document, Some(index))?;
         }
     }
-    Ok(out)
-}
-
-fn object_of_kind<T: Kind + DeserializeOwned>(
-    mut map: Map<String, Value>,
-    document: usize,
-    item: Option<usize>,
-) -> Result<Option<T>, ManifestError> {
-    let kind = map.get("kind").and_then(Value::as_str).unwrap_or("");
-    if kind != T::KIND {
-        return Ok(None);
-    }
-    let api_version = map.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-    if api_version != T::API_VERSION {
-        return Err(ManifestError::UnsupportedVersion {
-            document,
-            item,
-            kind: kind.to_owned(),
-            api_version: api_version.to_owned(),
-        });
-    }
-    map.remove("kind");
-    map.remove("apiVersion");
-    let mut value = Value::Object(map);
-    drop_nulls(&mut value);
-    serde_path_to_error::deserialize(value)
-        .map(Some)
-        .map_err(|err| ManifestError::Field {
-            document,
-            item,
-            path: err.path().to_string(),
-            message: err.inner().to_string(),
-        })
+    Ok(())
 }
 
 /// Removes `null` members of objects, since Kubernetes treats them as absent. The contents of

@@ -167,12 +167,12 @@ struct VirtualHost {
 /// Trie of `Prefix` paths keyed by `/`-separated element. Node 0 is the root and holds the
 /// catch-all (`/`) route; a path `/a/b` lives at root -> "" -> "a" -> "b".
 #[derive(Debug, Clone)]
-struct PrefixTrie {
+pub(crate) struct PrefixTrie {
     nodes: Vec<TrieNode>,
 }
 
 #[derive(Debug, Clone, Default)]
-struct TrieNode {
+pub(crate) struct TrieNode {
     children: Children,
     route: Option<u32>,
 }
@@ -599,7 +599,7 @@ impl RouteTable {
 
 /// Index type for the table's arrays. More than `u32::MAX` routes cannot be built in memory
 /// in practice; saturating keeps this free of panics regardless.
-fn to_u32(n: usize) -> u32 {
+pub(crate) fn to_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
@@ -626,7 +626,7 @@ pub(crate) fn normalize_host(host: &str) -> &str {
 
 /// Calls `f` with the request host normalized and lowercased, without allocating when the
 /// host fits in a DNS name's length.
-fn with_host_key<R>(host: &str, f: impl FnOnce(&str) -> R) -> R {
+pub(crate) fn with_host_key<R>(host: &str, f: impl FnOnce(&str) -> R) -> R {
     let host = normalize_host(host);
     if !host.bytes().any(|b| b.is_ascii_uppercase()) {
         return f(host);
@@ -761,6 +761,11 @@ impl Default for PrefixTrie {
 impl PrefixTrie {
     /// Inserts a trimmed prefix path; the first route inserted for a path wins.
     fn insert(&mut self, trimmed: &str, route: u32) {
+        self.insert_or_get(trimmed, route);
+    }
+
+    /// The value of a trimmed prefix path: the one it already has, else `value`.
+    pub(crate) fn insert_or_get(&mut self, trimmed: &str, value: u32) -> u32 {
         let mut node = 0usize;
         if !trimmed.is_empty() {
             for segment in trimmed.split('/') {
@@ -772,7 +777,49 @@ impl PrefixTrie {
                 node = child as usize;
             }
         }
-        self.nodes[node].route.get_or_insert(route);
+        *self.nodes[node].route.get_or_insert(value)
+    }
+
+    /// Calls `visit` with the value of every prefix path that `path` matches element-wise,
+    /// the deepest (so longest) first, until it returns `Some`.
+    pub(crate) fn deepest_first<R>(
+        &self,
+        path: &str,
+        mut visit: impl FnMut(u32) -> Option<R>,
+    ) -> Option<R> {
+        self.visit_from(0, path, &mut visit)
+    }
+
+    /// The walk of [`deepest_first`](Self::deepest_first) below `node`, with `rest` the part
+    /// of the path after it. It recurses once per trie level the path follows, so its depth
+    /// is bounded by the longest configured path, not by the request.
+    fn visit_from<R>(
+        &self,
+        node: usize,
+        rest: &str,
+        visit: &mut impl FnMut(u32) -> Option<R>,
+    ) -> Option<R> {
+        let current = self.nodes.get(node)?;
+        if !current.children.is_empty() {
+            let (segment, tail) = match rest.as_bytes().iter().position(|&b| b == b'/') {
+                Some(i) => (rest.get(..i).unwrap_or(""), rest.get(i + 1..)),
+                None => (rest, None),
+            };
+            if let Some(child) = current.children.get(segment) {
+                let found = match tail {
+                    Some(tail) => self.visit_from(child as usize, tail, visit),
+                    None => self
+                        .nodes
+                        .get(child as usize)
+                        .and_then(|n| n.route)
+                        .and_then(&mut *visit),
+                };
+                if found.is_some() {
+                    return found;
+                }
+            }
+        }
+        current.route.and_then(visit)
     }
 
     /// The route of the deepest (so longest) prefix path that `path` matches element-wise.

@@ -157,10 +157,15 @@ impl std::error::Error for ValidationErrors {}
 
 /// Collects errors while walking an object.
 #[derive(Default)]
-struct Errors(Vec<FieldError>);
+pub(crate) struct Errors(pub(crate) Vec<FieldError>);
 
 impl Errors {
-    fn invalid(&mut self, path: impl Into<String>, value: &str, detail: impl Into<String>) {
+    pub(crate) fn invalid(
+        &mut self,
+        path: impl Into<String>,
+        value: &str,
+        detail: impl Into<String>,
+    ) {
         self.0.push(FieldError::Invalid {
             path: path.into(),
             value: value.to_owned(),
@@ -168,21 +173,21 @@ impl Errors {
         });
     }
 
-    fn required(&mut self, path: impl Into<String>, detail: impl Into<String>) {
+    pub(crate) fn required(&mut self, path: impl Into<String>, detail: impl Into<String>) {
         self.0.push(FieldError::Required {
             path: path.into(),
             detail: detail.into(),
         });
     }
 
-    fn forbidden(&mut self, path: impl Into<String>, detail: impl Into<String>) {
+    pub(crate) fn forbidden(&mut self, path: impl Into<String>, detail: impl Into<String>) {
         self.0.push(FieldError::Forbidden {
             path: path.into(),
             detail: detail.into(),
         });
     }
 
-    fn finish(self) -> Result<(), ValidationErrors> {
+    pub(crate) fn finish(self) -> Result<(), ValidationErrors> {
         if self.0.is_empty() {
             Ok(())
         } else {
@@ -275,7 +280,7 @@ pub fn validate_ingress_class(class: &IngressClass) -> Result<(), ValidationErro
     errs.finish()
 }
 
-fn validate_object_meta(meta: Option<&ObjectMeta>, namespaced: bool, errs: &mut Errors) {
+pub(crate) fn validate_object_meta(meta: Option<&ObjectMeta>, namespaced: bool, errs: &mut Errors) {
     let meta = meta.cloned().unwrap_or_default();
     match meta.name.as_deref().filter(|n| !n.is_empty()) {
         Some(name) => {
