@@ -28,7 +28,7 @@
 //! |---|---|
 //! | `/healthz/ready` | `200` once the manifests were loaded once without error, the serving certificate exists (TLS) and the ADS and CA listeners are bound; `503 not ready: waiting for ...` with what is missing otherwise, and from the start of [`ControlPlane::shutdown`] on |
 //! | `/metrics`, `/stats/prometheus` | the [`metrics`], build info and process metrics (OpenMetrics text) |
-//! | `/config_dump` | JSON: listeners; the manifests' load status; per type URL, the snapshot's version and each resource's name and version (never its contents); the CA root's subject and validity; the serving certificate's names and validity; per token, the identities and xDS role it grants (never the token) |
+//! | `/config_dump` | JSON: listeners; the manifests' load status, with the Gateway API status conditions (each HTTPRoute's `Accepted` and `ResolvedRefs` per parent, each Gateway listener's attached routes and conditions); per type URL, the snapshot's version and each resource's name and version (never its contents); the CA root's subject and validity; the serving certificate's names and validity; per token, the identities and xDS role it grants (never the token) |
 //! | `/logging?level=FILTER` | sets the log filter, when [`ControlPlaneConfig::with_log_filter`] gave the means |
 //!
 //! Without an address nothing more is bound: an embedding service mounts
@@ -63,6 +63,7 @@
 pub mod access;
 mod admin;
 pub mod ca;
+pub mod gateway_api;
 pub mod manifests;
 pub mod metrics;
 pub mod policy;
@@ -197,6 +198,9 @@ pub struct LoadStatus {
     pub applied: u64,
     /// The problems of the latest load; empty when it succeeded.
     pub errors: Vec<ManifestError>,
+    /// The Gateway API status conditions of what is served (HTTPRoutes per parent, Gateway
+    /// listeners), as JSON.
+    pub gateway_api: serde_json::Value,
 }
 
 /// A running control plane. Dropping it stops it; [`ControlPlane::shutdown`] waits for that.
@@ -715,6 +719,9 @@ impl Watcher {
                     tracing::warn!(%warning, "manifest applied with a warning");
                 }
                 let snapshot = translate::build_snapshot(&set, &self.translate);
+                let gateway_routes = gateway_api::route_table(&set, &self.translate);
+                gateway_api::log_status(&gateway_routes);
+                status.gateway_api = gateway_api::status_json(&gateway_routes);
                 self.nodes
                     .send_replace(Arc::new(ca::NodeIdentities::of_manifests(
                         &set,
@@ -732,6 +739,8 @@ impl Watcher {
                     secrets = set.secrets.len(),
                     authorization_policies = set.authorization_policies.len(),
                     peer_authentications = set.peer_authentications.len(),
+                    gateways = set.gateway_api.gateways.len(),
+                    http_routes = set.gateway_api.http_routes.len(),
                     "manifests loaded"
                 );
             }

@@ -11,6 +11,8 @@
 //! | `WorkloadEntry` | `networking.istio.io/v1`, `v1beta1`, `v1alpha3` | address, serviceAccount, ports, labels, network |
 //! | `AuthorizationPolicy` | `security.istio.io/v1`, `v1beta1` | selector, action, rules in L4 form, the `istio.io/dry-run` annotation (see [`policy`](crate::policy)) |
 //! | `PeerAuthentication` | `security.istio.io/v1`, `v1beta1` | selector, mtls mode, portLevelMtls, creationTimestamp |
+//! | `GatewayClass`, `Gateway`, `HTTPRoute` | `gateway.networking.k8s.io/v1`, `v1beta1` | the whole object, validated by the CRD's rules |
+//! | `ReferenceGrant` | `gateway.networking.k8s.io/v1beta1`, `v1` | the whole object, validated by the CRD's rules |
 //!
 //! A `List` document contributes its items. Files are the `*.yaml`, `*.yml` and `*.json` files
 //! directly in the folder, read in name order; hidden files are ignored. Every problem is
@@ -26,6 +28,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
+use meshkit_ingress_model::gateway::manifest::GatewayApiObjects;
 use meshkit_ingress_model::{Ingress, IngressClass};
 use serde::Deserialize;
 use serde_json::Value;
@@ -55,6 +58,8 @@ pub struct ManifestSet {
     pub authorization_policies: Vec<AuthorizationPolicy>,
     /// Istio PeerAuthentications.
     pub peer_authentications: Vec<PeerAuthentication>,
+    /// Gateway API objects, validated.
+    pub gateway_api: GatewayApiObjects,
     /// What was read but cannot be enforced as written (an AuthorizationPolicy's HTTP
     /// attributes), and what was skipped; the load succeeds with these.
     pub warnings: Vec<ManifestError>,
@@ -312,6 +317,9 @@ impl ManifestSet {
         let value = Value::Object(map);
         let result = match (kind.as_str(), api_version.as_str()) {
             ("Ingress", _) => self.add_ingress(&value),
+            (k, _) if meshkit_ingress_model::gateway::manifest::is_gateway_api_kind(k) => {
+                self.add_gateway_api(value)
+            }
             ("IngressClass", _) => self.add_ingress_class(&value),
             ("Secret", "v1") => self.add_secret(value),
             ("ServiceEntry", v) if ISTIO_VERSIONS.contains(&v) => self.add_service_entry(value),
@@ -382,6 +390,93 @@ impl ManifestSet {
             }
             self.ingresses.push(ingress);
         }
+        Ok(())
+    }
+
+    fn add_gateway_api(&mut self, value: Value) -> Result<(), Vec<(String, String)>> {
+        use meshkit_ingress_model::gateway::{manifest, validation};
+        use meshkit_ingress_model::manifest::ManifestError as M;
+        let mut objects = manifest::from_json_value(value).map_err(|e| match e {
+            M::Field { path, message, .. } => vec![(path, message)],
+            M::UnsupportedVersion {
+                kind,
+                api_version,
+                supported,
+                ..
+            } => vec![(
+                "apiVersion".to_owned(),
+                format!("{kind} with apiVersion {api_version:?} is not supported ({supported})"),
+            )],
+            other => vec![(String::new(), other.to_string())],
+        })?;
+        let problems = |errors: meshkit_ingress_model::validation::ValidationErrors| {
+            errors
+                .errors()
+                .iter()
+                .map(|e| (e.path().to_owned(), e.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let key = |meta: &meshkit_ingress_model::k8s::io::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            format!(
+                "{}/{}",
+                meta.namespace.as_deref().unwrap_or(""),
+                meta.name.as_deref().unwrap_or("")
+            )
+        };
+        // Namespaced objects without a namespace are in `default`, as everything else here.
+        for meta in objects
+            .gateways
+            .iter_mut()
+            .map(|o| &mut o.metadata)
+            .chain(objects.http_routes.iter_mut().map(|o| &mut o.metadata))
+            .chain(objects.reference_grants.iter_mut().map(|o| &mut o.metadata))
+        {
+            if meta.namespace.as_deref().is_none_or(str::is_empty) {
+                meta.namespace = Some("default".to_owned());
+            }
+        }
+        let existing = &self.gateway_api;
+        for o in &objects.gateway_classes {
+            validation::validate_gateway_class(o).map_err(problems)?;
+            if existing
+                .gateway_classes
+                .iter()
+                .any(|e| key(&e.metadata) == key(&o.metadata))
+            {
+                return Err(defined_twice("GatewayClass", &key(&o.metadata)));
+            }
+        }
+        for o in &objects.gateways {
+            validation::validate_gateway(o).map_err(problems)?;
+            if existing
+                .gateways
+                .iter()
+                .any(|e| key(&e.metadata) == key(&o.metadata))
+            {
+                return Err(defined_twice("Gateway", &key(&o.metadata)));
+            }
+        }
+        for o in &objects.http_routes {
+            validation::validate_http_route(o).map_err(problems)?;
+            if existing
+                .http_routes
+                .iter()
+                .any(|e| key(&e.metadata) == key(&o.metadata))
+            {
+                return Err(defined_twice("HTTPRoute", &key(&o.metadata)));
+            }
+        }
+        for o in &objects.reference_grants {
+            validation::validate_reference_grant(o).map_err(problems)?;
+            if existing
+                .reference_grants
+                .iter()
+                .any(|e| key(&e.metadata) == key(&o.metadata))
+            {
+                return Err(defined_twice("ReferenceGrant", &key(&o.metadata)));
+            }
+        }
+        self.gateway_api.extend(objects);
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 //! | [`AUTHORIZATION_TYPE_URL`] | `namespace/name` | AuthorizationPolicy, PeerAuthentication (see [`policy`](crate::policy)) |
 //! | [`INGRESS_TYPE_URL`] | `namespace/name` | Ingress, as is |
 //! | [`INGRESS_CLASS_TYPE_URL`] | `name` | IngressClass, as is |
+//! | Gateway API kinds (`meshkit.dev/k8s-json/...`) and their Envoy listeners and routes | see [`gateway_api`](crate::gateway_api) | GatewayClass, Gateway, HTTPRoute, ReferenceGrant |
 //! | Envoy `Listener` | `http`, `https` | the HTTP listener and, when some `tls` entry has its Secret, the HTTPS one |
 //! | Envoy `RouteConfiguration` | `http`, `https` | the Ingress rules (same routes on both) |
 //! | Envoy `Cluster` / `ClusterLoadAssignment` | `outbound\|PORT\|\|HOSTNAME` | each backend service port |
@@ -76,7 +77,8 @@ use super::manifests::{ManifestSet, ServiceEntry, ServicePort, TlsSecret};
 use meshkit_mesh::proto::security;
 use meshkit_mesh::proto::workload;
 use meshkit_mesh::resources::{
-    ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL,
+    ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, GATEWAY_CLASS_TYPE_URL, GATEWAY_TYPE_URL,
+    HTTP_ROUTE_TYPE_URL, INGRESS_CLASS_TYPE_URL, INGRESS_TYPE_URL, REFERENCE_GRANT_TYPE_URL,
 };
 use meshkit_xds_server::{Snapshot, SnapshotBuilder};
 
@@ -99,6 +101,13 @@ pub struct TranslateOptions {
     pub ingress_class: Option<String>,
     /// Connect timeout of Envoy clusters. Default 1 s.
     pub connect_timeout: Duration,
+    /// The address Envoy's Gateway API listeners bind, each on its listener's port. Default
+    /// `0.0.0.0`.
+    pub gateway_api_address: IpAddr,
+    /// The Gateway API controller whose GatewayClasses' Gateways are translated for Envoy
+    /// (and reported on); `None` takes every Gateway. Default
+    /// [`DEFAULT_CONTROLLER`](crate::gateway_api::DEFAULT_CONTROLLER).
+    pub gateway_controller: Option<String>,
 }
 
 /// A resolved Ingress backend: the cluster to route to.
@@ -127,6 +136,8 @@ impl Default for TranslateOptions {
             https_listener: Some(SocketAddr::from(([0, 0, 0, 0], 8443))),
             ingress_class: None,
             connect_timeout: Duration::from_secs(1),
+            gateway_api_address: crate::gateway_api::DEFAULT_ADDRESS,
+            gateway_controller: Some(crate::gateway_api::DEFAULT_CONTROLLER.to_owned()),
         }
     }
 }
@@ -158,6 +169,10 @@ pub fn build_snapshot(set: &ManifestSet, options: &TranslateOptions) -> Snapshot
         AUTHORIZATION_TYPE_URL,
         INGRESS_TYPE_URL,
         INGRESS_CLASS_TYPE_URL,
+        GATEWAY_CLASS_TYPE_URL,
+        GATEWAY_TYPE_URL,
+        HTTP_ROUTE_TYPE_URL,
+        REFERENCE_GRANT_TYPE_URL,
         LISTENER_TYPE_URL,
         ROUTE_TYPE_URL,
         CLUSTER_TYPE_URL,
@@ -199,7 +214,10 @@ pub fn build_snapshot(set: &ManifestSet, options: &TranslateOptions) -> Snapshot
             &envoy_secret(secret),
         );
     }
+    crate::gateway_api::add_resources(&mut b, set);
     add_envoy_gateway(&mut b, set, options);
+    let gateway_routes = crate::gateway_api::route_table(set, options);
+    crate::gateway_api::add_envoy(&mut b, set, options, &gateway_routes);
     b.build()
 }
 
@@ -340,7 +358,7 @@ fn target_port(port: &ServicePort, overrides: &BTreeMap<String, u16>) -> u16 {
 
 // === Envoy ===
 
-fn ads() -> Option<ConfigSource> {
+pub(crate) fn ads() -> Option<ConfigSource> {
     Some(ConfigSource {
         resource_api_version: ApiVersion::V3 as i32,
         config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
@@ -350,14 +368,14 @@ fn ads() -> Option<ConfigSource> {
     })
 }
 
-fn any_of<M: Message + Name>(message: &M) -> Any {
+pub(crate) fn any_of<M: Message + Name>(message: &M) -> Any {
     Any {
         type_url: M::type_url(),
         value: message.encode_to_vec(),
     }
 }
 
-fn inline(bytes: &[u8]) -> Option<DataSource> {
+pub(crate) fn inline(bytes: &[u8]) -> Option<DataSource> {
     Some(DataSource {
         specifier: Some(data_source::Specifier::InlineBytes(bytes.to_vec())),
         ..Default::default()
@@ -375,7 +393,7 @@ fn envoy_secret(secret: &TlsSecret) -> Secret {
     }
 }
 
-fn socket_address(
+pub(crate) fn socket_address(
     ip: IpAddr,
     port: u16,
 ) -> Option<envoy_types::pb::envoy::config::core::v3::Address> {
@@ -688,7 +706,7 @@ fn envoy_route(r: PathRoute, header: Option<HeaderMatcher>) -> Route {
     }
 }
 
-fn hcm_filter(route_config: &str) -> Filter {
+pub(crate) fn hcm_filter(route_config: &str) -> Filter {
     let hcm = HttpConnectionManager {
         stat_prefix: route_config.to_owned(),
         route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
@@ -714,7 +732,7 @@ fn hcm_filter(route_config: &str) -> Filter {
     }
 }
 
-fn tls_inspector() -> envoy_types::pb::envoy::config::listener::v3::ListenerFilter {
+pub(crate) fn tls_inspector() -> envoy_types::pb::envoy::config::listener::v3::ListenerFilter {
     use envoy_types::pb::envoy::config::listener::v3::{ListenerFilter, listener_filter};
     use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
     ListenerFilter {

@@ -65,6 +65,10 @@ pub const SAMPLE_MANIFESTS: &[(&str, &str)] = &[
     ),
     ("blog.yaml", include_str!("../manifests/blog.yaml")),
     (
+        "gateway-api.yaml",
+        include_str!("../manifests/gateway-api.yaml"),
+    ),
+    (
         "shop-policy.yaml",
         include_str!("../manifests/shop-policy.yaml"),
     ),
@@ -101,7 +105,13 @@ pub struct MeshOptions {
     /// The listener addresses the control plane sends an Envoy gateway in LDS. `None` (the
     /// default) keeps the control plane's defaults (`0.0.0.0:8080` and `0.0.0.0:8443`).
     pub envoy: Option<EnvoyListeners>,
+    /// The address of the gateway's Gateway API listeners, each on its Gateway listener's
+    /// port (the sample Gateway's is [`GATEWAY_API_PORT`]). Default `127.0.0.1`.
+    pub gateway_api: IpAddr,
 }
+
+/// The port of the sample Gateway's HTTP listener (`gateway-api.yaml`).
+pub const GATEWAY_API_PORT: u16 = 18090;
 
 /// Where an Envoy fed by the demo's control plane listens (see [`envoy_bootstrap`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +120,10 @@ pub struct EnvoyListeners {
     pub http: SocketAddr,
     /// HTTPS with the certificate chosen by SNI; `None` for no HTTPS listener.
     pub https: Option<SocketAddr>,
+    /// The address Envoy's Gateway API listeners bind (each on its Gateway listener's port);
+    /// `None` keeps the control plane's default (`0.0.0.0`). It must differ from the
+    /// gateway's [`MeshOptions::gateway_api`], whose ports are the same.
+    pub gateway_api: Option<IpAddr>,
 }
 
 impl Default for MeshOptions {
@@ -118,6 +132,7 @@ impl Default for MeshOptions {
             http: SocketAddr::from(([127, 0, 0, 1], 0)),
             https: SocketAddr::from(([127, 0, 0, 1], 0)),
             envoy: None,
+            gateway_api: IpAddr::from([127, 0, 0, 1]),
         }
     }
 }
@@ -244,6 +259,8 @@ pub struct DemoMesh {
     pub http_addr: SocketAddr,
     /// Where the gateway serves HTTPS.
     pub https_addr: SocketAddr,
+    /// The address of the gateway's Gateway API listeners.
+    pub gateway_api: IpAddr,
     /// The mesh as the gateway sees it, from xDS.
     pub gateway_config: watch::Receiver<GatewayConfig>,
     /// Each part's admin endpoint (`/healthz/ready`, `/metrics`, `/config_dump`), by part:
@@ -270,6 +287,7 @@ impl std::fmt::Debug for DemoMesh {
             .field("manifest_dir", &self.manifest_dir)
             .field("http_addr", &self.http_addr)
             .field("https_addr", &self.https_addr)
+            .field("gateway_api", &self.gateway_api)
             .finish_non_exhaustive()
     }
 }
@@ -317,6 +335,9 @@ impl DemoMesh {
         if let Some(envoy) = options.envoy {
             cp_config.translate.http_listener = envoy.http;
             cp_config.translate.https_listener = envoy.https;
+            if let Some(address) = envoy.gateway_api {
+                cp_config.translate.gateway_api_address = address;
+            }
         }
         let control_plane = ControlPlane::start(cp_config).await?;
         progress(&format!(
@@ -400,10 +421,11 @@ impl DemoMesh {
         tasks.push(tokio::spawn(async move {
             let _ = serve_http.await;
         }));
-        let serve_https = gateway.serve_https(https);
+        let serve_https = gateway.clone().serve_https(https);
         tasks.push(tokio::spawn(async move {
             let _ = serve_https.await;
         }));
+        tasks.push(tokio::spawn(gateway.serve_gateway_api(options.gateway_api)));
 
         // Wait for the configuration: resources arrive one event at a time, so wait until
         // routes and endpoints are there and nothing has changed for a moment.
@@ -413,6 +435,7 @@ impl DemoMesh {
                 let complete = {
                     let c = config.borrow_and_update();
                     !c.ingresses.is_empty()
+                        && !c.gateway_api.http_routes.is_empty()
                         && !c.secrets.is_empty()
                         && !c.mesh.workloads.is_empty()
                         && c.mesh.services.iter().all(|s| !s.endpoints.is_empty())
@@ -471,6 +494,7 @@ impl DemoMesh {
             bundles,
             http_addr,
             https_addr,
+            gateway_api: options.gateway_api,
             gateway_config,
             admin_addrs,
             tasks,

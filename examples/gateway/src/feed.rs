@@ -1,12 +1,16 @@
-//! The gateway's configuration from xDS: Ingresses, IngressClasses, TLS Secrets (SDS) and
-//! workload API Addresses in, a [`GatewayConfig`] on a `tokio::sync::watch` channel out.
+//! The gateway's configuration from xDS: Ingresses, IngressClasses, the Gateway API objects,
+//! TLS Secrets (SDS) and workload API Addresses in, a [`GatewayConfig`] on a `tokio::sync::watch` channel out.
 
 use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::config::core::v3::{DataSource, data_source};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{Secret, secret};
+use meshkit_ingress_model::gateway::manifest::GatewayApiObjects;
+use meshkit_ingress_model::gateway::types::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
 use meshkit_mesh::feed::{apply, mesh_config, spawn_client};
-use meshkit_mesh::resources::{AddressResource, IngressClassResource, IngressResource};
+use meshkit_mesh::resources::{
+    AddressResource, GatewayApiResource, IngressClassResource, IngressResource,
+};
 use meshkit_xds_client::{ClientConfig, XdsClient};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -32,7 +36,17 @@ pub async fn feed_gateway(client: XdsClient, tx: watch::Sender<GatewayConfig>) {
     let mut ingresses = client.watch_all::<IngressResource>();
     let mut classes = client.watch_all::<IngressClassResource>();
     let mut secrets = client.watch_all::<Secret>();
+    let mut gateway_classes = client.watch_all::<GatewayApiResource<GatewayClass>>();
+    let mut gateways = client.watch_all::<GatewayApiResource<Gateway>>();
+    let mut http_routes = client.watch_all::<GatewayApiResource<HttpRoute>>();
+    let mut grants = client.watch_all::<GatewayApiResource<ReferenceGrant>>();
     let (mut a, mut i, mut c, mut s) = (
+        BTreeMap::new(),
+        BTreeMap::new(),
+        BTreeMap::new(),
+        BTreeMap::new(),
+    );
+    let (mut gc, mut g, mut r, mut rg) = (
         BTreeMap::new(),
         BTreeMap::new(),
         BTreeMap::new(),
@@ -44,6 +58,10 @@ pub async fn feed_gateway(client: XdsClient, tx: watch::Sender<GatewayConfig>) {
             Some(e) = ingresses.next() => apply(&mut i, e),
             Some(e) = classes.next() => apply(&mut c, e),
             Some(e) = secrets.next() => apply(&mut s, e),
+            Some(e) = gateway_classes.next() => apply(&mut gc, e),
+            Some(e) = gateways.next() => apply(&mut g, e),
+            Some(e) = http_routes.next() => apply(&mut r, e),
+            Some(e) = grants.next() => apply(&mut rg, e),
             else => return,
         };
         if changed {
@@ -58,9 +76,20 @@ pub async fn feed_gateway(client: XdsClient, tx: watch::Sender<GatewayConfig>) {
                     .collect(),
                 secrets: s.values().filter_map(tls_certificate).collect(),
                 mesh: mesh_config(a.values()),
+                gateway_api: GatewayApiObjects {
+                    gateway_classes: objects(&gc),
+                    gateways: objects(&g),
+                    http_routes: objects(&r),
+                    reference_grants: objects(&rg),
+                },
             });
         }
     }
+}
+
+/// The objects of a set of Gateway API resources, in name order.
+fn objects<K: Clone>(resources: &BTreeMap<String, GatewayApiResource<K>>) -> Vec<K> {
+    resources.values().map(|r| r.object.clone()).collect()
 }
 
 /// A serving certificate from an SDS `Secret` named `namespace/name` with inline PEM; `None`

@@ -72,6 +72,7 @@ pub mod stack;
 mod tls;
 mod trace;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,6 +90,8 @@ pub use meshkit_mesh::{Cidr, CidrError};
 pub use metrics::DURATION_BUCKETS_MS;
 pub use proxy::{BACKEND_IDENTITY, BACKEND_WORKLOAD, Body};
 
+use meshkit_ingress_model::gateway::HttpRouteTable;
+use meshkit_ingress_model::gateway::manifest::GatewayApiObjects;
 use meshkit_mesh::{MeshConfig, MeshIndex};
 use rustls::crypto::CryptoProvider;
 
@@ -119,6 +122,9 @@ pub struct GatewayConfig {
     pub secrets: Vec<TlsCertificate>,
     /// Services and workloads, to find each backend's endpoints.
     pub mesh: MeshConfig,
+    /// Gateway API objects: the Gateways whose class names
+    /// [`GatewaySettings::gateway_controller`] are served beside the Ingresses.
+    pub gateway_api: GatewayApiObjects,
 }
 
 /// What is fixed for a gateway's run.
@@ -228,6 +234,9 @@ pub struct GatewaySettings {
     /// The gateway's workload name, its `source_workload` in the request metrics. Default:
     /// none (`unknown`).
     pub workload_name: Option<String>,
+    /// The Gateway API controller whose GatewayClasses' Gateways this gateway serves; `None`
+    /// serves every Gateway. Default [`meshkit_mesh::resources::GATEWAY_CONTROLLER`].
+    pub gateway_controller: Option<String>,
 }
 
 impl GatewaySettings {
@@ -257,7 +266,14 @@ impl GatewaySettings {
             expose_backend_headers: false,
             access_log: AccessLog::text(),
             workload_name: None,
+            gateway_controller: Some(meshkit_mesh::resources::GATEWAY_CONTROLLER.to_owned()),
         }
+    }
+
+    /// Serves the Gateways of `controller`'s GatewayClasses (`None`: every Gateway).
+    pub fn with_gateway_controller(mut self, controller: Option<String>) -> Self {
+        self.gateway_controller = controller;
+        self
     }
 
     /// Sets the access log's format ([`AccessLog::text`] or [`AccessLog::json`]).
@@ -387,6 +403,8 @@ impl GatewaySettings {
 #[derive(Debug, Default)]
 struct Compiled {
     table: RouteTable,
+    /// The Gateway API routes of the Gateways served.
+    http_routes: HttpRouteTable,
     index: MeshIndex,
     certs: tls::CertStore,
     /// What each TLS Secret's certificate is (names, expiry), for the config dump and the
@@ -405,6 +423,8 @@ struct Shared {
     current: watch::Receiver<Arc<Compiled>>,
     /// Round-robin position per (namespace, service, port); kept across configurations.
     positions: Mutex<Positions>,
+    /// The position in the weights of Gateway API backends ([`Shared::next_roll`]).
+    rolls: std::sync::atomic::AtomicU64,
     /// Idle backend connections, reused across requests.
     pool: Arc<proxy::BackendPool>,
     /// One permit per client connection, [`GatewaySettings::max_connections`] in all.
@@ -492,6 +512,7 @@ impl Gateway {
             client,
             current: rx,
             positions: Mutex::default(),
+            rolls: std::sync::atomic::AtomicU64::new(0),
             pool,
             connections: Arc::new(Semaphore::new(
                 settings_max_connections.clamp(1, Semaphore::MAX_PERMITS),
@@ -525,8 +546,12 @@ impl Gateway {
     ///
     /// When the TLS configuration cannot be built.
     pub async fn serve_https(self, listener: TcpListener) -> std::io::Result<()> {
+        let port = listener.local_addr()?.port();
         let config = tls::server_config(
-            tls::SniResolver(self.shared.current.clone()),
+            tls::SniResolver {
+                current: self.shared.current.clone(),
+                port,
+            },
             self.shared.settings.provider.clone(),
         )
         .map_err(std::io::Error::other)?;
@@ -536,6 +561,7 @@ impl Gateway {
 
     async fn serve(self, listener: TcpListener, tls: Option<TlsAcceptor>) -> std::io::Result<()> {
         let _serving = Serving::new(&self.shared);
+        let port = listener.local_addr()?.port();
         let mut drain = self.shared.drain.subscribe();
         let mut connections = JoinSet::new();
         let deadline = loop {
@@ -579,6 +605,7 @@ impl Gateway {
                 let _permit = permit;
                 let peer = |scheme| stack::Client {
                     addr: client,
+                    port,
                     scheme,
                     trusted_proxy: trusted,
                 };
@@ -614,6 +641,63 @@ impl Gateway {
             connections.shutdown().await;
         }
         Ok(())
+    }
+
+    /// Serves the Gateway API listeners of the current configuration on `address`: one
+    /// listener per port of the served Gateways (HTTP or HTTPS as the Gateway says), opened
+    /// when a configuration adds the port and closed when one removes it. A port that cannot
+    /// be bound is logged and tried again with the next configuration.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future closes every listener it opened, and their connections.
+    pub async fn serve_gateway_api(self, address: IpAddr) {
+        let mut current = self.shared.current.clone();
+        let mut serving: std::collections::BTreeMap<u16, (bool, tokio::task::AbortHandle)> =
+            std::collections::BTreeMap::new();
+        let mut tasks = JoinSet::new();
+        loop {
+            let ports = current.borrow_and_update().http_routes.ports();
+            serving.retain(|port, (https, task)| {
+                let keep = ports.contains(&(*port, *https));
+                if !keep {
+                    task.abort();
+                    tracing::info!(port, "Gateway API listener closed");
+                }
+                keep
+            });
+            for (port, https) in ports {
+                if serving.contains_key(&port) {
+                    continue;
+                }
+                let listener = match TcpListener::bind(SocketAddr::new(address, port)).await {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        tracing::warn!(%address, port, error = %e, "cannot open a Gateway API listener");
+                        continue;
+                    }
+                };
+                tracing::info!(%address, port, https, "Gateway API listener open");
+                let gateway = self.clone();
+                let task = if https {
+                    tasks.spawn(async move {
+                        if let Err(e) = gateway.serve_https(listener).await {
+                            tracing::warn!(port, error = %e, "Gateway API listener failed");
+                        }
+                    })
+                } else {
+                    tasks.spawn(async move {
+                        let _ = gateway.serve_http(listener).await;
+                    })
+                };
+                serving.insert(port, (https, task));
+            }
+            while tasks.try_join_next().is_some() {}
+            if current.changed().await.is_err() {
+                // The gateway is gone: keep serving what is open until dropped.
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// The gateway's readiness (`/healthz/ready`): it holds the condition
@@ -725,6 +809,7 @@ fn compile(settings: &GatewaySettings, config: &GatewayConfig) -> Compiled {
             .ingress_classes(&config.ingress_classes);
     }
     let table = builder.build(&config.ingresses);
+    let http_routes = gateway_api_table(settings, config);
     let index = config
         .mesh
         .index(&settings.trust_domain)
@@ -734,6 +819,7 @@ fn compile(settings: &GatewaySettings, config: &GatewayConfig) -> Compiled {
     let dump = dump::compiled(&builder, config, &index, &certs_info);
     Compiled {
         table,
+        http_routes,
         index,
         certs,
         certs_info,
@@ -742,9 +828,39 @@ fn compile(settings: &GatewaySettings, config: &GatewayConfig) -> Compiled {
     }
 }
 
+/// The Gateway API route table of `config`: the Gateways of the configured controller's
+/// classes, with the mesh's services as the Services that exist.
+fn gateway_api_table(settings: &GatewaySettings, config: &GatewayConfig) -> HttpRouteTable {
+    let objects = &config.gateway_api;
+    let mut builder = HttpRouteTable::builder().services(
+        config
+            .mesh
+            .services
+            .iter()
+            .map(|s| (s.namespace.clone(), s.name.clone())),
+    );
+    if let Some(controller) = &settings.gateway_controller {
+        builder = builder
+            .controller(controller.clone())
+            .gateway_classes(&objects.gateway_classes);
+    }
+    builder.build(
+        &objects.gateways,
+        &objects.http_routes,
+        &objects.reference_grants,
+    )
+}
+
 // === impl Shared ===
 
 impl Shared {
+    /// The next number for a weighted choice: consecutive requests walk the weights in
+    /// turn, so each backend gets its share exactly over every round of the total weight.
+    fn next_roll(&self) -> u64 {
+        self.rolls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn next_endpoint(&self, namespace: &str, service: &str, port: u16) -> usize {
         let mut positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
         let key = PositionKey(namespace, service, port);

@@ -3,9 +3,14 @@
 //! edit in the middle of a handler:
 //!
 //! ```text
-//! RouteLayer    host + path -> the Ingress backend         400 no host (or two), 404 no route
+//! RouteLayer    port + host + path -> the backend: a Gateway API rule on a port of a
+//!               served Gateway, else the Ingress route    400 no host (or two), 404 no route,
+//!                                                         30x redirect, 500 invalid backend
+//! RequestHeadersLayer  the rule's RequestHeaderModifier and URLRewrite (Gateway API)
+//! ResponseHeadersLayer the rule's ResponseHeaderModifier, on the answer (Gateway API)
 //! ResolveLayer  backend -> the service's endpoints         503 unknown service, port, endpoints
-//!               (both are FilterLayers: a RequestFilter passes the request on or answers)
+//!               (Route, RequestHeaders and Resolve are FilterLayers: a RequestFilter passes
+//!               the request on or answers)
 //! RewriteLayer  hop-by-hop headers out, X-Forwarded-* in;  the answer in the client's version
 //! Forward       endpoint by endpoint: a pooled backend connection or a new HBONE tunnel
 //! ```
@@ -33,6 +38,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use meshkit_hbone::Target;
+use meshkit_ingress_model::gateway::{Action, Filter, HttpRequest};
 use meshkit_mesh::Endpoint;
 use tower::Layer;
 use tower_service::Service;
@@ -50,6 +56,8 @@ pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Inf
 pub struct Client {
     /// The client's address.
     pub addr: SocketAddr,
+    /// The local port the connection arrived on (a Gateway listener's port).
+    pub port: u16,
     /// `http` or `https`.
     pub scheme: &'static str,
     /// Whether the client is one of the gateway's trusted proxies
@@ -90,12 +98,26 @@ struct Config {
     route: usize,
 }
 
+/// The filters of the Gateway API rule (and backend) a request matched, left by
+/// [`RouteLayer`] for the layers that apply them.
+#[derive(Debug, Clone)]
+pub struct RuleFilters {
+    /// The rule's filters, then the chosen backend's, in order.
+    pub filters: Vec<Filter>,
+    /// The path value the rule matched (what `ReplacePrefixMatch` replaces).
+    pub matched_path: String,
+}
+
 /// Builds the gateway's stack over `shared`.
 pub(crate) fn build(shared: Arc<Shared>) -> Stack {
     tower::ServiceBuilder::new()
         .layer(FilterLayer::new(Route {
             shared: shared.clone(),
         }))
+        // Gateway API filters: a change to the request before it is resolved and rewritten
+        // for the backend, and one to the answer on its way back.
+        .layer(FilterLayer::new(RequestHeaders))
+        .layer(ResponseHeadersLayer)
         .layer(FilterLayer::new(Resolve {
             shared: shared.clone(),
         }))
@@ -104,7 +126,8 @@ pub(crate) fn build(shared: Arc<Shared>) -> Stack {
 }
 
 /// The assembled stack.
-pub(crate) type Stack = Filtered<Route, Filtered<Resolve, Rewrite<Forward>>>;
+pub(crate) type Stack =
+    Filtered<Route, Filtered<RequestHeaders, ResponseHeaders<Filtered<Resolve, Rewrite<Forward>>>>>;
 
 // === filters ===
 
@@ -279,6 +302,12 @@ impl Route {
                 0,
             ));
         };
+        let port = req.extensions().get::<Client>().map(|c| (c.port, c.scheme));
+        if let Some((port, scheme)) = port
+            && compiled.http_routes.ports().iter().any(|(p, _)| *p == port)
+        {
+            return self.route_gateway_api(req, &compiled, host, port, scheme);
+        }
         let Some(route) = compiled.table.route(&host, req.uri().path()) else {
             return Err(refuse(
                 StatusCode::NOT_FOUND,
@@ -322,6 +351,243 @@ impl Route {
             route: key,
         });
         Ok(())
+    }
+}
+
+impl Route {
+    /// Routes by the Gateway API rules of the Gateway listeners on `port`.
+    #[allow(clippy::result_large_err)] // the answer moves straight into the response
+    fn route_gateway_api(
+        &self,
+        req: &mut Request<Incoming>,
+        compiled: &Arc<Compiled>,
+        host: String,
+        port: u16,
+        scheme: &'static str,
+    ) -> Result<(), Response<Body>> {
+        let answer = |resp: Response<Body>, flag, key| {
+            observe::served(
+                resp,
+                Served {
+                    config: compiled.clone(),
+                    target: None,
+                    route: key,
+                    endpoint: None,
+                    flag,
+                    upload: None,
+                },
+            )
+        };
+        let facts = HttpRequest {
+            port,
+            host: &host,
+            path: req.uri().path(),
+            query: req.uri().query(),
+            method: req.method().as_str(),
+            headers: req.headers(),
+        };
+        let Some(rule) = compiled.http_routes.route(&facts) else {
+            return Err(answer(
+                error(StatusCode::NOT_FOUND, "no route"),
+                Flag::NoRoute,
+                0,
+            ));
+        };
+        let backend = match rule.action(self.shared.next_roll()) {
+            Action::Redirect(redirect) => {
+                let location = redirect.location(
+                    scheme,
+                    &host,
+                    port,
+                    req.uri().path(),
+                    req.uri().query(),
+                    rule.matched_path(),
+                );
+                let mut resp = error(
+                    StatusCode::from_u16(redirect.status()).unwrap_or(StatusCode::FOUND),
+                    "redirect",
+                );
+                if let Ok(value) = http::HeaderValue::from_str(&location) {
+                    resp.headers_mut().insert(http::header::LOCATION, value);
+                }
+                return Err(answer(resp, Flag::None, 0));
+            }
+            Action::Status(status) => {
+                return Err(answer(
+                    error(
+                        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                        "no valid backend for this request",
+                    ),
+                    Flag::NoCluster,
+                    0,
+                ));
+            }
+            Action::Forward(backend) => backend,
+        };
+        let Ok(service) = backend.target.as_ref() else {
+            return Err(answer(
+                error(StatusCode::INTERNAL_SERVER_ERROR, "invalid backend"),
+                Flag::NoCluster,
+                0,
+            ));
+        };
+        let key = std::ptr::from_ref(backend).addr();
+        let filters: Vec<Filter> = rule
+            .filters()
+            .iter()
+            .chain(&backend.filters)
+            .cloned()
+            .collect();
+        if !filters.is_empty() {
+            req.extensions_mut().insert(RuleFilters {
+                filters,
+                matched_path: rule.matched_path().to_owned(),
+            });
+        }
+        req.extensions_mut().insert(RouteTarget {
+            host,
+            namespace: service.namespace.clone(),
+            service: service.name.clone(),
+            port_number: Some(service.port),
+            port_name: None,
+        });
+        req.extensions_mut().insert(Config {
+            compiled: compiled.clone(),
+            route: key,
+        });
+        Ok(())
+    }
+}
+
+// === Gateway API filters ===
+
+/// Applies a Gateway API rule's `RequestHeaderModifier` and `URLRewrite` (host and path)
+/// to the request, before it is resolved and rewritten for the backend.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHeaders;
+
+/// The [`RequestHeaders`] step as a layer.
+pub type RequestHeadersLayer = FilterLayer<RequestHeaders>;
+
+impl RequestFilter for RequestHeaders {
+    fn filter(&self, req: &mut Request<Incoming>) -> Verdict {
+        let Some(rule) = req.extensions().get::<RuleFilters>().cloned() else {
+            return Verdict::Pass;
+        };
+        for filter in &rule.filters {
+            match filter {
+                Filter::RequestHeaders(modifier) => modifier.apply(req.headers_mut()),
+                Filter::Rewrite(rewrite) => {
+                    if let Some(host) = rewrite.hostname()
+                        && let Some(target) = req.extensions_mut().get_mut::<RouteTarget>()
+                    {
+                        host.clone_into(&mut target.host);
+                    }
+                    if let Some(path) = rewrite.path(req.uri().path(), &rule.matched_path) {
+                        let target = match req.uri().query() {
+                            Some(query) => format!("{path}?{query}"),
+                            None => path,
+                        };
+                        let mut parts = req.uri().clone().into_parts();
+                        match target.parse() {
+                            Ok(pq) => parts.path_and_query = Some(pq),
+                            Err(_) => {
+                                return Verdict::Answer(refuse_routed(
+                                    req,
+                                    StatusCode::INTERNAL_SERVER_ERROR,
+                                    "the rewritten path is not a valid URI path",
+                                    Flag::NoRoute,
+                                ));
+                            }
+                        }
+                        if let Ok(uri) = http::Uri::from_parts(parts) {
+                            *req.uri_mut() = uri;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Verdict::Pass
+    }
+}
+
+/// A [`Layer`] applying a Gateway API rule's `ResponseHeaderModifier` to whatever answers
+/// the request after it (a backend's response or a later step's error).
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseHeadersLayer;
+
+/// The service of [`ResponseHeadersLayer`].
+#[derive(Debug, Clone)]
+pub struct ResponseHeaders<S> {
+    inner: S,
+}
+
+impl<S> Layer<S> for ResponseHeadersLayer {
+    type Service = ResponseHeaders<S>;
+    fn layer(&self, inner: S) -> ResponseHeaders<S> {
+        ResponseHeaders { inner }
+    }
+}
+
+impl<S> Service<Request<Incoming>> for ResponseHeaders<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
+    S::Future: Unpin,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseHeadersFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let modifiers: Vec<meshkit_ingress_model::gateway::HeaderModifier> = req
+            .extensions()
+            .get::<RuleFilters>()
+            .map(|rule| {
+                rule.filters
+                    .iter()
+                    .filter_map(|f| match f {
+                        Filter::ResponseHeaders(m) => Some(m.clone()),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ResponseHeadersFuture {
+            inner: self.inner.call(req),
+            modifiers,
+        }
+    }
+}
+
+/// The future of [`ResponseHeaders`].
+#[derive(Debug)]
+pub struct ResponseHeadersFuture<F> {
+    inner: F,
+    modifiers: Vec<meshkit_ingress_model::gateway::HeaderModifier>,
+}
+
+impl<F> Future for ResponseHeadersFuture<F>
+where
+    F: Future<Output = Result<Response<Body>, Infallible>> + Unpin,
+{
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let mut resp = match Pin::new(&mut this.inner).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(resp)) => resp,
+            Poll::Ready(Err(never)) => match never {},
+        };
+        for modifier in &this.modifiers {
+            modifier.apply(resp.headers_mut());
+        }
+        Poll::Ready(Ok(resp))
     }
 }
 

@@ -52,15 +52,34 @@ fn certified_key(
     Ok(CertifiedKey::new(certs, key))
 }
 
-/// Picks the certificate of the Secret that `spec.tls` names for the SNI, from the newest
-/// configuration at the time of the handshake.
+/// Picks the certificate for the SNI from the newest configuration at the time of the
+/// handshake: on a port of a Gateway API HTTPS listener, the first available Secret of the
+/// listener that takes the name; elsewhere the Secret that an Ingress's `spec.tls` names.
 #[derive(Debug)]
-pub(super) struct SniResolver(pub(super) watch::Receiver<Arc<Compiled>>);
+pub(super) struct SniResolver {
+    pub(super) current: watch::Receiver<Arc<Compiled>>,
+    /// The port the connection arrived on.
+    pub(super) port: u16,
+}
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let name = hello.server_name()?;
-        let compiled = self.0.borrow().clone();
+        let compiled = self.current.borrow().clone();
+        if let Some(refs) = compiled.http_routes.certificates_for(self.port, name) {
+            let key = refs
+                .iter()
+                .find_map(|r| compiled.certs.get(&(r.namespace.clone(), r.name.clone())))
+                .cloned();
+            if key.is_none() {
+                tracing::info!(
+                    sni = name,
+                    port = self.port,
+                    "no certificate of the Gateway listener is available"
+                );
+            }
+            return key;
+        }
         let secret = compiled.table.tls_secret_for(name)?;
         let key = compiled
             .certs

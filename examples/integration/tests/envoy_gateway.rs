@@ -14,7 +14,7 @@
 //! The last test, `xds_watch_prints_the_control_planes_resources`, needs no Envoy.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
 use meshkit_demo::{
-    DEMO_TOKENS, DemoMesh, EchoReply, EnvoyListeners, EnvoyXdsSecurity, MeshOptions,
-    envoy_bootstrap_with, write_samples,
+    DEMO_TOKENS, DemoMesh, EchoReply, EnvoyListeners, EnvoyXdsSecurity, GATEWAY_API_PORT,
+    MeshOptions, envoy_bootstrap_with, write_samples,
 };
 use meshkit_gateway::BACKEND_WORKLOAD;
 use meshkit_test_support::envoy_command;
@@ -246,6 +246,8 @@ fn envoy_matches_meshkit(delta: bool) {
     let listeners = EnvoyListeners {
         http: free_addr(),
         https: Some(free_addr()),
+        // The gateway's Gateway API listeners are on 127.0.0.1, on the same ports.
+        gateway_api: Some(ENVOY_GATEWAY_API),
     };
     let rt = meshkit_cli::runtime(2).unwrap();
     let mesh = rt
@@ -348,10 +350,138 @@ fn envoy_matches_meshkit(delta: bool) {
         );
     }
 
+    // The Gateway API: the same HTTPRoute gives the same answers.
+    let stats = envoy.stats_ending(&format!(
+        "rds.gateway-api-{GATEWAY_API_PORT}.update_success"
+    ));
+    assert!(stats.iter().any(|(_, v)| *v > 0), "{name}: {stats:?}");
+    let meshkit_addr = SocketAddr::new(mesh.gateway_api, GATEWAY_API_PORT);
+    let envoy_addr = SocketAddr::new(ENVOY_GATEWAY_API, GATEWAY_API_PORT);
+    for (who, addr) in [("meshkit", meshkit_addr), ("Envoy", envoy_addr)] {
+        check_gateway_api(addr, &format!("{who} ({name})"));
+    }
+
     drop(envoy);
     drop(mesh);
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Where Envoy's Gateway API listeners bind: beside the gateway's, on the same ports.
+const ENVOY_GATEWAY_API: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+
+/// What a Gateway API request got: status, the workload the echo body names, `Location`,
+/// `x-route`.
+#[derive(Debug, PartialEq, Eq)]
+struct RouteAnswer {
+    status: u16,
+    workload: Option<String>,
+    location: Option<String>,
+    x_route: Option<String>,
+}
+
+/// An HTTP/1.1 GET with extra headers, with curl.
+fn get_route(addr: SocketAddr, host: &str, path: &str, headers: &[&str]) -> RouteAnswer {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "-i", "--max-time", "10", "-H"])
+        .arg(format!("Host: {host}"));
+    for header in headers {
+        cmd.arg("-H").arg(header);
+    }
+    let out = cmd
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let header = |wanted: &str| {
+        head.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case(wanted)
+                .then(|| value.trim().to_owned())
+        })
+    };
+    RouteAnswer {
+        status: head
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        workload: serde_json::from_str::<EchoReply>(body).ok().map(|r| r.name),
+        location: header("location"),
+        x_route: header("x-route"),
+    }
+}
+
+/// The sample HTTPRoute `shop/store` through a gateway's Gateway API listener at `addr`.
+fn check_gateway_api(addr: SocketAddr, who: &str) {
+    let host = "store.example.com";
+    let answer = |status, workload: Option<&str>, location: Option<&str>, x_route: Option<&str>| {
+        RouteAnswer {
+            status,
+            workload: workload.map(str::to_owned),
+            location: location.map(str::to_owned),
+            x_route: x_route.map(str::to_owned),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get_route(addr, host, "/blog", &[]).status != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "{who}: no Gateway API route within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cases = [
+        (
+            "/cart",
+            vec!["x-canary: true"],
+            answer(200, Some("api-1"), None, None),
+        ),
+        (
+            "/blog/posts/1",
+            vec![],
+            answer(200, Some("blog-1"), None, None),
+        ),
+        (
+            "/old",
+            vec![],
+            answer(
+                301,
+                None,
+                Some(&format!("http://{host}:{GATEWAY_API_PORT}/new")),
+                None,
+            ),
+        ),
+        (
+            "/old/page",
+            vec![],
+            answer(200, None, None, Some("shop/store")),
+        ),
+    ];
+    for (path, headers, expected) in cases {
+        let mut got = get_route(addr, host, path, &headers);
+        if expected.workload.is_none() && expected.status == 200 {
+            // The split: who answers varies; checked below.
+            got.workload = None;
+        }
+        assert_eq!(got, expected, "{who}: {host}{path} {headers:?}");
+    }
+    // Another host of the listener, with no route: 404; a host outside the listener: 404.
+    for other in ["other.example.com", "store.example.org"] {
+        assert_eq!(
+            get_route(addr, other, "/cart", &[]).status,
+            404,
+            "{who}: {other}"
+        );
+    }
+    // The 3:1 split reaches both services (the gateway in exact turns, Envoy at random).
+    let seen: BTreeSet<String> = (0..40)
+        .filter_map(|_| get_route(addr, host, "/cart", &[]).workload)
+        .collect();
+    let expected: BTreeSet<String> = ["fallback-1", "web-1", "web-2"].map(String::from).into();
+    assert_eq!(seen, expected, "{who}: the weighted split");
 }
 
 #[test]
@@ -452,7 +582,11 @@ fn xds_watch_prints_the_control_planes_resources() {
     ]
     .map(str::to_owned)
     .into();
-    let listeners: BTreeSet<String> = ["http", "https"].map(str::to_owned).into();
+    let routes: BTreeSet<String> = ["http", "https"].map(str::to_owned).into();
+    // The sample Gateway's HTTP listener on 18090 has its own.
+    let listeners: BTreeSet<String> = ["gateway-api-18090", "http", "https"]
+        .map(str::to_owned)
+        .into();
 
     // Wildcard watches, State of the World and Delta.
     let cds = xds_watch(server, &["--type", "cds"], clusters.len());
@@ -481,7 +615,7 @@ fn xds_watch_prints_the_control_planes_resources() {
         ],
         2,
     );
-    assert_eq!(updated_names(&rds, "rds"), listeners);
+    assert_eq!(updated_names(&rds, "rds"), routes);
     let sds = xds_watch(server, &["--type", "sds"], 1);
     assert_eq!(
         updated_names(&sds, "sds"),

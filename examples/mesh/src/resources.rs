@@ -3,8 +3,17 @@
 //! [`AddressResource`], [`AuthorizationResource`], [`IngressResource`] and
 //! [`IngressClassResource`] implement meshkit-xds-client's [`Resource`] trait, so a node proxy
 //! can `watch_all::<AddressResource>()` and `watch_all::<AuthorizationResource>()`, and a
-//! gateway `watch_all::<IngressResource>()`.
+//! gateway `watch_all::<IngressResource>()`; so do the Gateway API objects as
+//! [`GatewayApiResource`]s (`watch_all::<GatewayApiResource<HttpRoute>>()`).
+//!
+//! The Gateway API kinds have no protobuf schema (their CRDs define JSON only), so their
+//! resources carry the object's Kubernetes JSON as the `Any`'s value, under a type URL that
+//! says so: `meshkit.dev/k8s-json/<group>/<version>/<Kind>`.
 
+use meshkit_ingress_model::gateway::types::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+use meshkit_ingress_model::gateway::validation;
+use meshkit_ingress_model::k8s::io::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use meshkit_ingress_model::validation::ValidationErrors;
 use meshkit_ingress_model::{Ingress, IngressClass};
 use meshkit_xds_client::{InvalidResource, Resource};
 use prost::Message;
@@ -27,6 +36,53 @@ pub const INGRESS_TYPE_URL: &str = "type.googleapis.com/k8s.io.api.networking.v1
 /// Type URL under which IngressClass objects are served (the generated protobuf type).
 pub const INGRESS_CLASS_TYPE_URL: &str =
     "type.googleapis.com/k8s.io.api.networking.v1.IngressClass";
+
+/// Type URL of Gateway API `GatewayClass` objects (Kubernetes JSON).
+pub const GATEWAY_CLASS_TYPE_URL: &str =
+    "meshkit.dev/k8s-json/gateway.networking.k8s.io/v1/GatewayClass";
+
+/// Type URL of Gateway API `Gateway` objects (Kubernetes JSON).
+pub const GATEWAY_TYPE_URL: &str = "meshkit.dev/k8s-json/gateway.networking.k8s.io/v1/Gateway";
+
+/// Type URL of Gateway API `HTTPRoute` objects (Kubernetes JSON).
+pub const HTTP_ROUTE_TYPE_URL: &str = "meshkit.dev/k8s-json/gateway.networking.k8s.io/v1/HTTPRoute";
+
+/// Type URL of Gateway API `ReferenceGrant` objects (Kubernetes JSON).
+pub const REFERENCE_GRANT_TYPE_URL: &str =
+    "meshkit.dev/k8s-json/gateway.networking.k8s.io/v1beta1/ReferenceGrant";
+
+/// The controller name (GatewayClass `spec.controllerName`) of meshkit's gateway: the
+/// Gateways of classes with this controller are the ones meshkit serves by default.
+pub const GATEWAY_CONTROLLER: &str = "meshkit.dev/gateway";
+
+/// A Gateway API object kind served over xDS as its Kubernetes JSON.
+pub trait GatewayApiKind:
+    serde::de::DeserializeOwned + serde::Serialize + Clone + PartialEq + Send + Sync + 'static
+{
+    /// The type URL it is served under.
+    const TYPE_URL: &'static str;
+    /// Whether objects of the kind live in a namespace (all but GatewayClass).
+    const NAMESPACED: bool;
+    /// The object's metadata.
+    fn metadata(&self) -> &ObjectMeta;
+    /// The CRD's validation.
+    ///
+    /// # Errors
+    ///
+    /// Every rule the object breaks.
+    fn validate(&self) -> Result<(), ValidationErrors>;
+}
+
+/// A Gateway API object with its xDS name: `namespace/name`, or the name of a
+/// cluster-scoped GatewayClass. Decoded from JSON and validated by the CRD's rules on
+/// receipt; an invalid object is refused (NACKed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayApiResource<K> {
+    /// The xDS name.
+    pub name: String,
+    /// The object.
+    pub object: K,
+}
 
 /// An `Address` with its xDS name: the workload's uid, or `namespace/hostname` for a service.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +194,109 @@ impl Resource for AuthorizationResource {
             return Err(InvalidResource::new("policy name is empty"));
         }
         Ok(())
+    }
+}
+
+// === impl GatewayApiKind ===
+
+impl GatewayApiKind for GatewayClass {
+    const TYPE_URL: &'static str = GATEWAY_CLASS_TYPE_URL;
+    const NAMESPACED: bool = false;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn validate(&self) -> Result<(), ValidationErrors> {
+        validation::validate_gateway_class(self)
+    }
+}
+
+impl GatewayApiKind for Gateway {
+    const TYPE_URL: &'static str = GATEWAY_TYPE_URL;
+    const NAMESPACED: bool = true;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn validate(&self) -> Result<(), ValidationErrors> {
+        validation::validate_gateway(self)
+    }
+}
+
+impl GatewayApiKind for HttpRoute {
+    const TYPE_URL: &'static str = HTTP_ROUTE_TYPE_URL;
+    const NAMESPACED: bool = true;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn validate(&self) -> Result<(), ValidationErrors> {
+        validation::validate_http_route(self)
+    }
+}
+
+impl GatewayApiKind for ReferenceGrant {
+    const TYPE_URL: &'static str = REFERENCE_GRANT_TYPE_URL;
+    const NAMESPACED: bool = true;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn validate(&self) -> Result<(), ValidationErrors> {
+        validation::validate_reference_grant(self)
+    }
+}
+
+// === impl GatewayApiResource ===
+
+impl<K: GatewayApiKind> GatewayApiResource<K> {
+    /// The xDS name of `object`: `namespace/name` (namespace `default` when unset), or the
+    /// name alone for a cluster-scoped kind.
+    pub fn name_of(object: &K) -> String {
+        let meta = object.metadata();
+        let name = meta.name.as_deref().unwrap_or("");
+        if K::NAMESPACED {
+            format!("{}/{name}", meta.namespace.as_deref().unwrap_or("default"))
+        } else {
+            name.to_owned()
+        }
+    }
+
+    /// The bytes served for `object`: its Kubernetes JSON.
+    ///
+    /// # Errors
+    ///
+    /// When the object holds a value JSON cannot express (an out-of-range timestamp).
+    pub fn encode(object: &K) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(object)
+    }
+}
+
+impl<K: GatewayApiKind> Resource for GatewayApiResource<K> {
+    const TYPE_URL: &'static str = K::TYPE_URL;
+    // Served with every object in each response, so absence means deletion.
+    const ALL_RESOURCES_REQUIRED_IN_SOTW: bool = true;
+
+    fn decode(bytes: &[u8]) -> Result<Self, InvalidResource> {
+        let object: K = serde_json::from_slice(bytes)
+            .map_err(|e| InvalidResource::new(format!("invalid {}: {e}", K::TYPE_URL)))?;
+        Ok(Self {
+            name: Self::name_of(&object),
+            object,
+        })
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn validate(&self) -> Result<(), InvalidResource> {
+        if self
+            .object
+            .metadata()
+            .name
+            .as_deref()
+            .is_none_or(str::is_empty)
+        {
+            return Err(InvalidResource::new("name is empty"));
+        }
+        GatewayApiKind::validate(&self.object).map_err(|e| InvalidResource::new(e.to_string()))
     }
 }
 

@@ -85,8 +85,8 @@ pub mod types;
 pub mod validation;
 
 pub use route::{
-    Action, Backend, BackendError, CertificateRef, Condition, Filter, HeaderModifier, HttpRequest,
-    HttpRouteTable, HttpRouteTableBuilder, ListenerStatus, PathModifier, Reason, Redirect,
-    RouteStatus, RuleMatch, ServiceRef, UrlRewrite,
+    Action, Backend, BackendError, CertificateRef, Condition, DomainRules, Filter, HeaderModifier,
+    HttpRequest, HttpRouteTable, HttpRouteTableBuilder, ListenerStatus, PathModifier, Reason,
+    Redirect, RouteStatus, RuleMatch, ServiceRef, UrlRewrite,
 };
 pub use types::{GROUP, Gateway, GatewayClass, HttpRoute, ReferenceGrant};

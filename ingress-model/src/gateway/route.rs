@@ -381,6 +381,21 @@ impl<'a> HttpRequest<'a> {
 // === impl HeaderModifier ===
 
 impl HeaderModifier {
+    /// The headers set, replacing any present.
+    pub fn set(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.set
+    }
+
+    /// The headers added beside any present.
+    pub fn add(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.add
+    }
+
+    /// The headers removed.
+    pub fn remove(&self) -> &[HeaderName] {
+        &self.remove
+    }
+
     /// Applies the changes: removes, then sets (replacing), then adds (appending).
     pub fn apply(&self, headers: &mut HeaderMap) {
         for name in &self.remove {
@@ -480,6 +495,26 @@ impl PathModifier {
 // === impl Redirect ===
 
 impl Redirect {
+    /// The scheme of the location, when the filter sets one.
+    pub fn scheme(&self) -> Option<&str> {
+        self.scheme.as_deref()
+    }
+
+    /// The host of the location, when the filter sets one.
+    pub fn hostname(&self) -> Option<&str> {
+        self.hostname.as_deref()
+    }
+
+    /// The port of the location, when the filter sets one.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// How the filter changes the path, if it does.
+    pub fn path_modifier(&self) -> Option<&PathModifier> {
+        self.path.as_ref()
+    }
+
     /// The status: 301, 302 (the default), 303, 307 or 308.
     pub fn status(&self) -> u16 {
         self.status
@@ -538,6 +573,11 @@ impl UrlRewrite {
         self.hostname.as_deref()
     }
 
+    /// How the filter changes the path, if it does.
+    pub fn path_modifier(&self) -> Option<&PathModifier> {
+        self.path.as_ref()
+    }
+
     /// The new path for `path`, when the filter changes it.
     pub fn path(&self, path: &str, matched_prefix: &str) -> Option<String> {
         self.path.as_ref().map(|m| m.apply(path, matched_prefix))
@@ -580,6 +620,26 @@ impl<'a> RuleMatch<'a> {
     /// replaces).
     pub fn matched_path(&self) -> &'a str {
         &self.candidate.prefix
+    }
+
+    /// Whether the path condition is `Exact` (else `PathPrefix`, on [`matched_path`](Self::matched_path)).
+    pub fn is_exact_path(&self) -> bool {
+        self.candidate.exact_path
+    }
+
+    /// The method the match requires, if any.
+    pub fn method(&self) -> Option<&'a str> {
+        self.candidate.method.as_deref()
+    }
+
+    /// The header conditions (name, exact value), the first of each name only.
+    pub fn header_matches(&self) -> impl Iterator<Item = (&'a HeaderName, &'a str)> + 'a {
+        self.candidate.headers.iter().map(|(n, v)| (n, &**v))
+    }
+
+    /// The query parameter conditions (name, exact value), the first of each name only.
+    pub fn query_matches(&self) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        self.candidate.query.iter().map(|(n, v)| (&**n, &**v))
     }
 
     /// The rule's filters, in order.
@@ -803,6 +863,37 @@ impl HttpRouteTable {
         })
     }
 
+    /// The listeners of `port` as the table merged them (one per hostname): what a proxy
+    /// needs to terminate TLS by SNI on it.
+    pub fn listeners(&self, port: u16) -> Vec<ListenerView<'_>> {
+        let Some(listeners) = self.ports.get(&port) else {
+            return Vec::new();
+        };
+        let named = listeners
+            .exact
+            .iter()
+            .map(|(h, g)| (Some(h.to_string()), *g))
+            .chain(
+                listeners
+                    .wildcard
+                    .iter()
+                    .map(|(s, g)| (Some(format!("*.{s}")), *g)),
+            )
+            .chain(listeners.any.map(|g| (None, g)));
+        let mut out: Vec<ListenerView<'_>> = named
+            .filter_map(|(hostname, g)| {
+                let group = self.groups.get(g as usize)?;
+                Some(ListenerView {
+                    hostname,
+                    https: group.https,
+                    certificates: &group.certificates,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+        out
+    }
+
     /// The ports with at least one HTTP or HTTPS listener, and whether each is HTTPS.
     pub fn ports(&self) -> Vec<(u16, bool)> {
         let mut ports: Vec<(u16, bool)> = self
@@ -832,10 +923,173 @@ impl HttpRouteTable {
         &self.listener_status
     }
 
+    /// Every domain a request on `port` can name, each with the rules that serve it in
+    /// precedence order: the view a proxy that takes the first matching route of the most
+    /// specific domain (such as Envoy's virtual hosts) needs to route as this table does.
+    ///
+    /// A domain is `name`, `*.suffix` (any name below `suffix`) or `*`. Its rules are those
+    /// of the listener that takes its hosts, under its own route hostname and then under
+    /// each wider one of that listener, each hostname's Exact paths first, then its prefixes
+    /// from the longest, ties in the table's order. A domain may have no rules: its hosts
+    /// belong to a listener no route serves them on, and answer 404.
+    pub fn domains(&self, port: u16) -> Vec<DomainRules<'_>> {
+        let Some(listeners) = self.ports.get(&port) else {
+            return Vec::new();
+        };
+        let mut keys: BTreeSet<HostKey> = BTreeSet::new();
+        let groups = listeners
+            .exact
+            .values()
+            .chain(listeners.wildcard.values())
+            .chain(listeners.any.iter());
+        for key in listeners.exact.keys() {
+            keys.insert(HostKey::Exact(key.to_string()));
+        }
+        for key in listeners.wildcard.keys() {
+            keys.insert(HostKey::Wildcard(key.to_string()));
+        }
+        if listeners.any.is_some() {
+            keys.insert(HostKey::Any);
+        }
+        for group in groups {
+            let Some(group) = self.groups.get(*group as usize) else {
+                continue;
+            };
+            keys.extend(
+                group
+                    .hosts
+                    .exact
+                    .keys()
+                    .map(|k| HostKey::Exact(k.to_string())),
+            );
+            keys.extend(
+                group
+                    .hosts
+                    .wildcard
+                    .keys()
+                    .map(|k| HostKey::Wildcard(k.to_string())),
+            );
+            if group.hosts.any.is_some() {
+                keys.insert(HostKey::Any);
+            }
+        }
+        let mut out = Vec::new();
+        for key in keys {
+            let Some(group) =
+                listener_for_key(listeners, &key).and_then(|g| self.groups.get(g as usize))
+            else {
+                continue;
+            };
+            let mut rules = Vec::new();
+            for index in buckets_covering(&group.hosts, &key) {
+                // Each path's list is in the table's order; the paths exclude each other.
+                let mut paths: Vec<(&Box<str>, &Vec<Candidate>)> = index.exact.iter().collect();
+                paths.sort_by_key(|(path, _)| *path);
+                let exact = paths.into_iter().flat_map(|(_, list)| list);
+                let mut prefixes: Vec<(usize, usize, &Candidate)> = index
+                    .slots
+                    .iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(order, c)| (trim_prefix_path(&c.prefix).len(), order, c))
+                    .collect();
+                prefixes.sort_by_key(|(len, order, _)| (std::cmp::Reverse(*len), *order));
+                for candidate in exact.chain(prefixes.into_iter().map(|(_, _, c)| c)) {
+                    if let Some(rule) = self.rules.get(candidate.rule as usize) {
+                        rules.push(RuleMatch {
+                            table: self,
+                            rule,
+                            candidate,
+                        });
+                    }
+                }
+            }
+            // A domain without rules stays: it keeps its hosts from wider domains (listener
+            // isolation), answering 404.
+            let domain = match &key {
+                HostKey::Exact(name) => name.clone(),
+                HostKey::Wildcard(suffix) => format!("*.{suffix}"),
+                HostKey::Any => "*".to_owned(),
+            };
+            out.push(DomainRules { domain, rules });
+        }
+        out
+    }
+
     /// Number of compiled rules of accepted routes.
     pub fn rule_count(&self) -> usize {
         self.rules.len()
     }
+}
+
+/// A listener of a port, from [`HttpRouteTable::listeners`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerView<'a> {
+    /// Its hostname (`name` or `*.suffix`); `None` takes every host.
+    pub hostname: Option<String>,
+    /// Whether it terminates TLS.
+    pub https: bool,
+    /// Its certificates' Secrets (those it may use).
+    pub certificates: &'a [CertificateRef],
+}
+
+/// One domain of a port and the rules that serve it, from [`HttpRouteTable::domains`].
+#[derive(Debug, Clone)]
+pub struct DomainRules<'a> {
+    /// `name`, `*.suffix` or `*`.
+    pub domain: String,
+    /// The rules, in precedence order: the first that matches a request serves it.
+    pub rules: Vec<RuleMatch<'a>>,
+}
+
+/// True when every name `key` covers lies below `suffix` (or is `suffix`'s wildcard itself).
+fn key_below(key: &HostKey, suffix: &str) -> bool {
+    let below = |name: &str| {
+        name.len() > suffix.len() + 1
+            && name.ends_with(suffix)
+            && name.as_bytes().get(name.len() - suffix.len() - 1) == Some(&b'.')
+    };
+    match key {
+        HostKey::Exact(name) => below(name),
+        HostKey::Wildcard(s) => s == suffix || below(s),
+        HostKey::Any => false,
+    }
+}
+
+/// The listener group that takes the hosts of `key`: as [`lookup_host`] chooses for any of
+/// them (they all choose alike, since every listener hostname is itself a key).
+fn listener_for_key(listeners: &PortListeners, key: &HostKey) -> Option<u32> {
+    if let HostKey::Exact(name) = key
+        && let Some(g) = listeners.exact.get(name.as_str())
+    {
+        return Some(*g);
+    }
+    listeners
+        .wildcard
+        .iter()
+        .filter(|(suffix, _)| key_below(key, suffix))
+        .max_by_key(|(suffix, _)| suffix.len())
+        .map(|(_, g)| *g)
+        .or(listeners.any)
+}
+
+/// The route hostnames of a listener that cover `key`, most specific first.
+fn buckets_covering<'h>(hosts: &'h HostIndex, key: &HostKey) -> Vec<&'h PathIndex> {
+    let mut out = Vec::new();
+    if let HostKey::Exact(name) = key
+        && let Some(index) = hosts.exact.get(name.as_str())
+    {
+        out.push(index);
+    }
+    let mut wildcards: Vec<(&Box<str>, &PathIndex)> = hosts
+        .wildcard
+        .iter()
+        .filter(|(suffix, _)| key_below(key, suffix))
+        .collect();
+    wildcards.sort_by_key(|(suffix, _)| std::cmp::Reverse(suffix.len()));
+    out.extend(wildcards.into_iter().map(|(_, index)| index));
+    out.extend(hosts.any.iter());
+    out
 }
 
 /// The value filed under the most specific of `host`'s keys: the host, then its suffixes
@@ -1032,7 +1286,7 @@ fn header_is(headers: &HeaderMap, name: &HeaderName, value: &str) -> bool {
 // === building ===
 
 /// Where a route hostname is filed.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum HostKey {
     Exact(String),
     /// The suffix of a `*.` wildcard.

@@ -63,6 +63,12 @@ struct Args {
     /// Only Ingresses of this class (or without one) are translated for Envoy.
     #[arg(long)]
     ingress_class: Option<String>,
+    /// The address Envoy's Gateway API listeners bind, each on its Gateway listener's port.
+    #[arg(long, default_value = "0.0.0.0")]
+    envoy_gateway_api_address: std::net::IpAddr,
+    /// The Gateway API controller name whose GatewayClasses' Gateways are served.
+    #[arg(long, default_value = meshkit_control_plane::gateway_api::DEFAULT_CONTROLLER)]
+    gateway_controller: String,
     /// DNS name in the serving certificate of ADS and the CA (repeatable; the listen IPs are
     /// added as IP names).
     #[arg(long = "tls-dns-name", default_value = "istiod.istio-system.svc")]
@@ -106,6 +112,8 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
         http_listener: args.envoy_http,
         https_listener: Some(args.envoy_https),
         ingress_class: args.ingress_class,
+        gateway_api_address: args.envoy_gateway_api_address,
+        gateway_controller: Some(args.gateway_controller),
         ..TranslateOptions::default()
     };
     let config = ControlPlaneConfig::new(args.manifests)

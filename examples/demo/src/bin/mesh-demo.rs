@@ -52,6 +52,10 @@ struct Args {
     /// Address of Envoy's HTTPS listener, with --envoy-http (default: none).
     #[arg(long, requires = "envoy_http")]
     envoy_https: Option<SocketAddr>,
+    /// Address Envoy's Gateway API listeners bind (each on its Gateway listener's port), with
+    /// --envoy-http; not the gateway's own, 127.0.0.1 (default: the control plane's, 0.0.0.0).
+    #[arg(long, requires = "envoy_http")]
+    envoy_gateway_api: Option<std::net::IpAddr>,
     /// Write an Envoy bootstrap (YAML) that takes everything from the control plane over ADS
     /// to this file, once the mesh is up.
     #[arg(long)]
@@ -166,7 +170,7 @@ fn step(n: usize, total: usize, text: &str) {
 }
 
 async fn run(args: Args) -> Result<bool, CliError> {
-    let total = 6;
+    let total = 7;
     let dir = std::env::temp_dir().join(format!("meshkit-demo-{}", std::process::id()));
     write_samples(&dir)?;
     step(
@@ -177,12 +181,14 @@ async fn run(args: Args) -> Result<bool, CliError> {
     let envoy = args.envoy_http.map(|http| EnvoyListeners {
         http,
         https: args.envoy_https,
+        gateway_api: args.envoy_gateway_api,
     });
     let options = if args.serve {
         MeshOptions {
             http: SocketAddr::from(([127, 0, 0, 1], args.http_port)),
             https: SocketAddr::from(([127, 0, 0, 1], args.https_port)),
             envoy,
+            ..MeshOptions::default()
         }
     } else {
         MeshOptions {
@@ -294,11 +300,18 @@ async fn run(args: Args) -> Result<bool, CliError> {
     step(
         5,
         total,
+        "Gateway API: HTTPRoute shop/store on Gateway shop/public (header match, 3:1 split, redirect, another namespace)",
+    );
+    all_ok &= check_gateway_api(&mesh, &mut tally).await;
+
+    step(
+        6,
+        total,
         "L4 authorization: AuthorizationPolicy shop/api-callers lets only the gateway and web call api",
     );
     all_ok &= check_policy(&mesh).await;
 
-    step(6, total, "summary");
+    step(7, total, "summary");
     let mut lat = tally.latencies.clone();
     lat.sort();
     let pct = |p: f64| {
@@ -515,6 +528,149 @@ struct Answer {
     identity: Option<String>,
     echo_path_ok: bool,
     latency: Duration,
+}
+
+/// One Gateway API case: the request (path and headers) and what must answer it.
+struct RouteCase {
+    path: &'static str,
+    headers: &'static [(&'static str, &'static str)],
+    /// The workloads that must answer, each the number of times, over `requests` requests.
+    expect: &'static [(&'static str, usize)],
+    requests: usize,
+    why: &'static str,
+}
+
+const ROUTE_CASES: &[RouteCase] = &[
+    RouteCase {
+        path: "/cart",
+        headers: &[("x-canary", "true")],
+        expect: &[("api-1", 4)],
+        requests: 4,
+        why: "header match x-canary: true",
+    },
+    RouteCase {
+        path: "/cart",
+        headers: &[],
+        // web 3 : fallback 1, and web's share round-robin over its two workloads.
+        expect: &[("fallback-1", 2), ("web-1", 3), ("web-2", 3)],
+        requests: 8,
+        why: "weights 3:1, x-route set on the answer",
+    },
+    RouteCase {
+        path: "/blog/posts/1",
+        headers: &[],
+        expect: &[("blog-1", 2)],
+        requests: 2,
+        why: "backend in namespace blog (ReferenceGrant)",
+    },
+];
+
+/// The Gateway API cases through the gateway's listener for the sample Gateway, and its
+/// redirect; each is printed with what answered.
+async fn check_gateway_api(mesh: &DemoMesh, tally: &mut Tally) -> bool {
+    let addr = SocketAddr::new(mesh.gateway_api, meshkit_demo::GATEWAY_API_PORT);
+    let host = "store.example.com";
+    let mut all_ok = true;
+    for case in ROUTE_CASES {
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        let mut marked = true;
+        for _ in 0..case.requests {
+            match route_request(addr, host, case.path, case.headers).await {
+                Ok(answer) => {
+                    *tally.statuses.entry(answer.status).or_default() += 1;
+                    // The split's rule marks its answers; the others do not.
+                    marked &= answer.x_route.as_deref()
+                        == (case.why.contains("x-route")).then_some("shop/store");
+                    let who = answer
+                        .workload
+                        .unwrap_or_else(|| format!("status {}", answer.status));
+                    *seen.entry(who).or_default() += 1;
+                }
+                Err(e) => *seen.entry(format!("error: {e}")).or_default() += 1,
+            }
+        }
+        let expected: BTreeMap<String, usize> = case
+            .expect
+            .iter()
+            .map(|(w, n)| ((*w).to_owned(), *n))
+            .collect();
+        let ok = seen == expected && marked;
+        all_ok &= ok;
+        let answered: Vec<String> = seen.iter().map(|(w, n)| format!("{w} x{n}")).collect();
+        let headers: Vec<String> = case
+            .headers
+            .iter()
+            .map(|(n, v)| format!("{n}: {v}"))
+            .collect();
+        println!(
+            "      {host}{:<14} {:<18} {:<34} {:<7} {}",
+            case.path,
+            headers.join(", "),
+            answered.join(", "),
+            if ok { "ok" } else { "FAILED" },
+            case.why
+        );
+    }
+    let expected_location = format!("http://{host}:{}/new", meshkit_demo::GATEWAY_API_PORT);
+    let redirect = route_request(addr, host, "/old", &[]).await;
+    let ok = matches!(&redirect, Ok(a) if a.status == 301 && a.location.as_deref() == Some(expected_location.as_str()));
+    all_ok &= ok;
+    let shown = match &redirect {
+        Ok(a) => format!(
+            "{} {}",
+            a.status,
+            a.location.as_deref().unwrap_or("(no Location)")
+        ),
+        Err(e) => format!("error: {e}"),
+    };
+    println!(
+        "      {host}{:<14} {:<18} {:<34} {:<7} RequestRedirect ReplaceFullPath /new",
+        "/old",
+        "",
+        shown,
+        if ok { "ok" } else { "FAILED" },
+    );
+    all_ok
+}
+
+/// What a Gateway API request got.
+struct RouteAnswer {
+    status: u16,
+    workload: Option<String>,
+    location: Option<String>,
+    x_route: Option<String>,
+}
+
+/// One HTTP/1.1 request with extra headers, over a new connection.
+async fn route_request(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<RouteAnswer, CliError> {
+    let sock = TcpStream::connect(addr).await?;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(sock)).await?;
+    tokio::spawn(conn);
+    let mut req = hyper::Request::get(path).header(hyper::header::HOST, host);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let resp = send.send_request(req.body(Empty::<Bytes>::new())?).await?;
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let answer = RouteAnswer {
+        status: resp.status().as_u16(),
+        workload: header(BACKEND_WORKLOAD),
+        location: header("location"),
+        x_route: header("x-route"),
+    };
+    let _ = resp.into_body().collect().await?;
+    Ok(answer)
 }
 
 /// One request to the gateway over a new connection, HTTP/1.1 or HTTP/2 prior knowledge.

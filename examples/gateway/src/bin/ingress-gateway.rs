@@ -118,6 +118,14 @@ struct Args {
     /// (default: unknown).
     #[arg(long)]
     workload_name: Option<String>,
+    /// Serve the Gateway API: one listener on this address for each port of the Gateways
+    /// served (HTTP or HTTPS, as each Gateway listener says), opened and closed as the
+    /// configuration changes. Without it, Gateway API routes are not served.
+    #[arg(long)]
+    gateway_api_address: Option<std::net::IpAddr>,
+    /// The GatewayClass controller name whose Gateways are served.
+    #[arg(long, default_value = meshkit_mesh::resources::GATEWAY_CONTROLLER)]
+    gateway_controller: String,
 }
 
 fn main() -> ExitCode {
@@ -161,8 +169,8 @@ fn load_config(
 }
 
 async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
-    if args.listen.is_none() && args.listen_tls.is_none() {
-        return Err("give --listen, --listen-tls or both".into());
+    if args.listen.is_none() && args.listen_tls.is_none() && args.gateway_api_address.is_none() {
+        return Err("give --listen, --listen-tls, --gateway-api-address or several".into());
     }
     let identity = parse_id("--identity", &args.identity)?;
     let bundles = load_bundle(&args.ca_root, &identity.trust_domain())?;
@@ -218,6 +226,7 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
     if let Some(name) = &args.workload_name {
         settings = settings.with_workload_name(name.clone());
     }
+    settings = settings.with_gateway_controller(Some(args.gateway_controller.clone()));
     let settings = args.limits.apply(settings);
     let gateway = Gateway::new(settings, client, config_rx);
 
@@ -270,6 +279,9 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
         tracing::info!(%addr, "HTTPS listener");
         servers.spawn(gateway.clone().serve_https(listener));
     }
+    let gateway_api = args
+        .gateway_api_address
+        .map(|address| tokio::spawn(gateway.clone().serve_gateway_api(address)));
     listeners.set_ready();
 
     let reload = async {
@@ -297,6 +309,9 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
         }
     }
     servers.shutdown().await;
+    if let Some(task) = gateway_api {
+        task.abort();
+    }
     obtain.abort();
     let _ = admin_stop.send(());
     let _ = admin_task.await;
