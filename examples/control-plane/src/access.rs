@@ -214,8 +214,8 @@ fn node_view(snapshot: &Snapshot, node: &str) -> Snapshot {
     }
 }
 
-/// A gateway's view: everything but Secrets no Ingress of its class names; with a class,
-/// also only the Ingresses of that class.
+/// A gateway's view: everything but Secrets that no Ingress of its class and no Gateway
+/// listener names; with a class, also only the Ingresses of that class.
 fn gateway_view(snapshot: &Snapshot, class: Option<&str>) -> Snapshot {
     let classes: Vec<IngressClass> = snapshot
         .get_type(INGRESS_CLASS_TYPE_URL)
@@ -248,6 +248,7 @@ fn gateway_view(snapshot: &Snapshot, class: Option<&str>) -> Snapshot {
             }
         }
     }
+    referenced.extend(gateway_certificate_refs(snapshot));
     let mut view = Snapshot::new();
     for url in snapshot.type_urls() {
         let Some(ts) = snapshot.get_type(url) else {
@@ -265,6 +266,56 @@ fn gateway_view(snapshot: &Snapshot, class: Option<&str>) -> Snapshot {
         view = view.with_type(url, ts);
     }
     view
+}
+
+/// The Secrets (`namespace/name`) that the Gateways' listeners name as certificates: those of
+/// the Gateway's own namespace, and those of another namespace whose ReferenceGrant lets
+/// Gateways of the Gateway's namespace refer to them.
+fn gateway_certificate_refs(snapshot: &Snapshot) -> BTreeSet<String> {
+    use meshkit_ingress_model::gateway::types::{GROUP, Gateway, ReferenceGrant};
+    use meshkit_mesh::resources::{GATEWAY_TYPE_URL, REFERENCE_GRANT_TYPE_URL};
+    fn objects<T: serde::de::DeserializeOwned>(snapshot: &Snapshot, url: &str) -> Vec<T> {
+        snapshot
+            .get_type(url)
+            .map(|ts| {
+                ts.resources()
+                    .values()
+                    .filter_map(|r| serde_json::from_slice(&r.resource.value).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    let grants: Vec<ReferenceGrant> = objects(snapshot, REFERENCE_GRANT_TYPE_URL);
+    let granted = |from_ns: &str, to_ns: &str, name: &str| {
+        grants.iter().any(|g| {
+            g.metadata.namespace.as_deref() == Some(to_ns)
+                && g.spec
+                    .from
+                    .iter()
+                    .any(|f| f.group == GROUP && f.kind == "Gateway" && f.namespace == from_ns)
+                && g.spec.to.iter().any(|t| {
+                    t.group.is_empty()
+                        && t.kind == "Secret"
+                        && t.name.as_deref().is_none_or(|n| n == name)
+                })
+        })
+    };
+    let mut out = BTreeSet::new();
+    for gateway in objects::<Gateway>(snapshot, GATEWAY_TYPE_URL) {
+        let gateway_ns = gateway.metadata.namespace.clone().unwrap_or_default();
+        for listener in &gateway.spec.listeners {
+            for cert in listener.tls.iter().flat_map(|t| &t.certificate_refs) {
+                if !cert.group().is_empty() || cert.kind() != "Secret" {
+                    continue;
+                }
+                let ns = cert.namespace.as_deref().unwrap_or(&gateway_ns);
+                if ns == gateway_ns || granted(&gateway_ns, ns, &cert.name) {
+                    out.insert(format!("{ns}/{}", cert.name));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Which Ingresses a gateway of one class is sent, by the rule the gateway itself routes by:
@@ -489,6 +540,59 @@ spec:
             builder.add(SECRET_TYPE_URL, secret, &value);
         }
         builder.build()
+    }
+
+    #[test]
+    fn a_gateway_sees_the_secrets_its_gateway_listeners_name_where_they_may() {
+        use meshkit_mesh::resources::{GATEWAY_TYPE_URL, REFERENCE_GRANT_TYPE_URL};
+        let mut builder = SnapshotBuilder::new();
+        for secret in [
+            "shop/gw-tls",
+            "certs/shared",
+            "certs/private",
+            "shop/unnamed",
+        ] {
+            let value = Secret {
+                name: secret.to_owned(),
+                ..Secret::default()
+            };
+            builder.add(SECRET_TYPE_URL, secret, &value);
+        }
+        let gateway = serde_json::json!({
+            "metadata": {"name": "public", "namespace": "shop"},
+            "spec": {"gatewayClassName": "meshkit", "listeners": [{
+                "name": "https", "port": 443, "protocol": "HTTPS",
+                "tls": {"certificateRefs": [
+                    {"name": "gw-tls"},
+                    {"name": "shared", "namespace": "certs"},
+                    {"name": "private", "namespace": "certs"}
+                ]}
+            }]}
+        });
+        let grant = serde_json::json!({
+            "metadata": {"name": "g", "namespace": "certs"},
+            "spec": {
+                "from": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": "shop"}],
+                "to": [{"group": "", "kind": "Secret", "name": "shared"}]
+            }
+        });
+        for (url, name, value) in [
+            (GATEWAY_TYPE_URL, "shop/public", gateway),
+            (REFERENCE_GRANT_TYPE_URL, "certs/g", grant),
+        ] {
+            builder.add_any(
+                url,
+                name,
+                envoy_types::pb::google::protobuf::Any {
+                    type_url: url.to_owned(),
+                    value: serde_json::to_vec(&value).unwrap(),
+                },
+            );
+        }
+        let view = XdsRole::Gateway("gw".into()).view(&builder.build());
+        // Its own namespace's, and the granted one; not the one without a grant, nor one
+        // no listener names.
+        assert_eq!(view.names(SECRET_TYPE_URL), ["certs/shared", "shop/gw-tls"]);
     }
 
     #[test]

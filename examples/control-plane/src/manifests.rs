@@ -416,12 +416,13 @@ impl ManifestSet {
                 .map(|e| (e.path().to_owned(), e.to_string()))
                 .collect::<Vec<_>>()
         };
+        // `namespace/name`, or the name alone for the cluster-scoped GatewayClass.
         let key = |meta: &meshkit_ingress_model::k8s::io::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-            format!(
-                "{}/{}",
-                meta.namespace.as_deref().unwrap_or(""),
-                meta.name.as_deref().unwrap_or("")
-            )
+            let name = meta.name.as_deref().unwrap_or("");
+            match meta.namespace.as_deref() {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.to_owned(),
+            }
         };
         // Namespaced objects without a namespace are in `default`, as everything else here.
         for meta in objects

@@ -22,9 +22,11 @@ use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{
     Authorize, CaError, PeerRole, SpiffeId, SpiffeVerifier, VerifyError, request_svid,
 };
+use meshkit_ingress_model::gateway::types::HttpRoute;
 use meshkit_mesh::proto::workload::address;
 use meshkit_mesh::resources::{
-    ADDRESS_TYPE_URL, AddressResource, INGRESS_TYPE_URL, IngressClassResource, IngressResource,
+    ADDRESS_TYPE_URL, AddressResource, GatewayApiResource, INGRESS_TYPE_URL, IngressClassResource,
+    IngressResource,
 };
 use meshkit_xds_client::protocol::Mode;
 use meshkit_xds_client::{
@@ -260,7 +262,11 @@ fn bundled_manifests_load_and_translate() {
     let cla = <ClusterLoadAssignment as Message>::decode(any.value.as_slice()).expect("decodes");
     assert_eq!(cla.endpoints[0].lb_endpoints.len(), 2);
 
-    assert_eq!(snapshot.names(LISTENER_TYPE_URL), ["http", "https"]);
+    // The sample Gateway's HTTP listener on 18090 beside the Ingress listeners.
+    assert_eq!(
+        snapshot.names(LISTENER_TYPE_URL),
+        ["gateway-api-18090", "http", "https"]
+    );
     assert_eq!(
         snapshot.names(meshkit_xds_client::SECRET_TYPE_URL),
         ["shop/shop-tls"]
@@ -314,9 +320,21 @@ async fn sotw_and_delta_subscribers_get_the_resources() {
     assert_eq!(got.keys().collect::<Vec<_>>(), ["meshkit"]);
 
     // Envoy: LDS, RDS, EDS over SotW.
+    // meshkit's gateway: the Gateway API objects, as Kubernetes JSON.
+    let mut http_routes = delta.watch_all::<GatewayApiResource<HttpRoute>>();
+    let got = collect(&mut http_routes, 1).await;
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["shop/store"]);
+    assert_eq!(
+        got["shop/store"].object.spec.hostnames,
+        ["store.example.com"]
+    );
+
     let mut listeners = sotw.watch_all::<Listener>();
-    let got = collect(&mut listeners, 2).await;
-    assert_eq!(got.keys().collect::<Vec<_>>(), ["http", "https"]);
+    let got = collect(&mut listeners, 3).await;
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        ["gateway-api-18090", "http", "https"]
+    );
     let mut routes = sotw.watch::<RouteConfiguration>("http");
     let got = collect(&mut routes, 1).await;
     assert_eq!(got["http"].virtual_hosts.len(), 4);

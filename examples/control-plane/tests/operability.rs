@@ -466,7 +466,10 @@ async fn the_config_dump_names_what_is_served_and_holds_no_key_or_token() {
             .cloned()
             .collect()
     };
-    assert_eq!(names(LISTENER_TYPE_URL), ["http", "https"]);
+    assert_eq!(
+        names(LISTENER_TYPE_URL),
+        ["gateway-api-18090", "http", "https"]
+    );
     assert_eq!(names(SECRET_TYPE_URL), ["shop/shop-tls"]);
     assert_eq!(snapshot[LISTENER_TYPE_URL]["label"], "lds");
     let served = cp.cache().current();

@@ -40,6 +40,27 @@ const WORKLOADS: &[(&str, &str, &str, &str)] = &[
 
 const GATEWAY: &str = "spiffe://cluster.local/ns/istio-system/sa/ingress-gateway";
 
+/// The Gateway API rows (HTTPRoute `shop/store`): what starts the row, and what it must
+/// hold; then the answers by service account they add to hop 1.
+const GATEWAY_API_ROWS: &[(&str, &str)] = &[
+    ("store.example.com/cart", "x-canary: true     api-1 x4 "),
+    (
+        "store.example.com/cart",
+        "fallback-1 x2, web-1 x3, web-2 x3 ",
+    ),
+    ("store.example.com/blog/posts/1", "blog-1 x2 "),
+    (
+        "store.example.com/old",
+        "301 http://store.example.com:18090/new ok",
+    ),
+];
+const GATEWAY_API_ANSWERS: &[(&str, usize)] = &[
+    ("shop/sa/api", 4),
+    ("shop/sa/web", 6),
+    ("shop/sa/fallback", 2),
+    ("blog/sa/blog", 2),
+];
+
 /// The "answered by" column of the row for `host` and `path`: requests per workload, as the
 /// program counted the answers' backend headers.
 fn answered_by(stdout: &str, host: &str, path: &str) -> BTreeMap<String, usize> {
@@ -106,10 +127,21 @@ fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
             *per_identity.entry(sa).or_default() += n;
         }
     }
+    // The Gateway API rows: each as the HTTPRoute says, and marked ok.
+    for (start, holds) in GATEWAY_API_ROWS {
+        let found = stdout.lines().map(str::trim).any(|l| {
+            l.starts_with(start) && l.contains(holds) && l.split_whitespace().any(|w| w == "ok")
+        });
+        assert!(found, "no row {start} with {holds:?}:\n{stdout}");
+    }
+    let routed_by_gateway_api: usize = GATEWAY_API_ANSWERS.iter().map(|(_, n)| n).sum();
+    for (sa, n) in GATEWAY_API_ANSWERS {
+        *per_identity.entry(sa).or_default() += n;
+    }
     // All of them with 200.
     assert_eq!(
         count_of(&stdout, "status counts: 200"),
-        Some(ROUTES.len() * REQUESTS),
+        Some(ROUTES.len() * REQUESTS + routed_by_gateway_api),
         "{stdout}"
     );
     // Hop 1: the identity the gateway verified for each answer, as many times as that
@@ -126,14 +158,19 @@ fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
             "{name}: no tunnel {line}:\n{stdout}"
         );
     }
-    // The gateway's own /metrics count the same answers: every route's requests, and the
-    // HTTPS one, all 200.
+    // The gateway's own /metrics count the same answers: every route's requests, the
+    // HTTPS one and the Gateway API ones with 200, and the redirect.
+    let metrics = stdout
+        .lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix("gateway: istio_requests_total by response_code: "))
+        .unwrap_or_else(|| panic!("no gateway metrics line:\n{stdout}"));
     assert_eq!(
-        count_of(
-            &stdout,
-            "gateway: istio_requests_total by response_code: 200"
+        metrics,
+        format!(
+            "200 x{}, 301 x1",
+            ROUTES.len() * REQUESTS + 1 + routed_by_gateway_api
         ),
-        Some(ROUTES.len() * REQUESTS + 1),
         "{stdout}"
     );
     // Each node proxy's own /metrics count the gateway's tunnels to it: as many inbound

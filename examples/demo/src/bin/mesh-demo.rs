@@ -578,6 +578,9 @@ async fn check_gateway_api(mesh: &DemoMesh, tally: &mut Tally) -> bool {
             match route_request(addr, host, case.path, case.headers).await {
                 Ok(answer) => {
                     *tally.statuses.entry(answer.status).or_default() += 1;
+                    if let Some(id) = answer.identity {
+                        *tally.identities.entry(id).or_default() += 1;
+                    }
                     // The split's rule marks its answers; the others do not.
                     marked &= answer.x_route.as_deref()
                         == (case.why.contains("x-route")).then_some("shop/store");
@@ -637,6 +640,7 @@ async fn check_gateway_api(mesh: &DemoMesh, tally: &mut Tally) -> bool {
 struct RouteAnswer {
     status: u16,
     workload: Option<String>,
+    identity: Option<String>,
     location: Option<String>,
     x_route: Option<String>,
 }
@@ -666,6 +670,7 @@ async fn route_request(
     let answer = RouteAnswer {
         status: resp.status().as_u16(),
         workload: header(BACKEND_WORKLOAD),
+        identity: header(BACKEND_IDENTITY),
         location: header("location"),
         x_route: header("x-route"),
     };
