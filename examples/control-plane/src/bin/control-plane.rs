@@ -22,8 +22,9 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(name = "control-plane", version)]
 struct Args {
-    /// Folder of manifests (Ingress, IngressClass, TLS Secret, ServiceEntry, WorkloadEntry);
-    /// re-read when a file changes.
+    /// Folder of manifests (Ingress, IngressClass, TLS Secret, ServiceEntry, WorkloadEntry,
+    /// AuthorizationPolicy, PeerAuthentication, GatewayClass, Gateway, HTTPRoute,
+    /// ReferenceGrant); re-read when a file changes.
     #[arg(long, default_value = "examples/demo/manifests")]
     manifests: PathBuf,
     /// ADS listen address.
