@@ -368,6 +368,8 @@ fn reference(routes: &[RouteSpec], request: &RequestSpec) -> Option<(String, Str
                     hostname_rank,
                     !m.exact,
                     Reverse(PATHS[m.path].trim_end_matches('/').len()),
+                    // `/a/` before `/a`: the longer value as written.
+                    Reverse(PATHS[m.path].len()),
                     m.method.is_none(),
                     Reverse(headers.len()),
                     Reverse(query.len()),

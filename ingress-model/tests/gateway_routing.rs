@@ -907,3 +907,123 @@ spec:
     let status = &table.route_status()[0];
     assert_eq!(status.resolved_refs.reason, Reason::BackendNotFound);
 }
+
+#[test]
+fn one_protocol_per_port_and_conflicting_listeners_are_not_served() {
+    let table = table(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: older, namespace: edge, creationTimestamp: "2026-01-01T00:00:00Z"}
+spec:
+  gatewayClassName: meshkit
+  listeners: [{name: http, port: 8000, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: newer, namespace: edge, creationTimestamp: "2026-02-01T00:00:00Z"}
+spec:
+  gatewayClassName: meshkit
+  listeners:
+  - {name: https, port: 8000, protocol: HTTPS, hostname: b.example.com, tls: {certificateRefs: [{name: b}]}}
+"#,
+    );
+    assert_eq!(table.ports(), [(8000, false)]);
+    let newer = table
+        .listener_status()
+        .iter()
+        .find(|l| l.gateway == "newer")
+        .expect("status");
+    assert_eq!(
+        (newer.accepted.status, newer.accepted.reason),
+        (false, Reason::ProtocolConflict)
+    );
+    assert!(table.certificates_for(8000, "b.example.com").is_none());
+}
+
+#[test]
+fn a_selector_admits_only_namespaces_whose_labels_are_known_and_match() {
+    let yaml = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: edge}
+spec:
+  gatewayClassName: meshkit
+  listeners:
+  - name: http
+    port: 80
+    protocol: HTTP
+    allowedRoutes:
+      namespaces:
+        from: Selector
+        selector: {matchExpressions: [{key: untrusted, operator: DoesNotExist}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: r, namespace: team}
+spec:
+  parentRefs: [{name: gw, namespace: edge}]
+  rules: [{backendRefs: [{name: svc, port: 1}]}]
+"#;
+    let objects = manifest::from_yaml_str(yaml).expect("manifest");
+    let build = |labels: Option<&[(&str, &str)]>| {
+        let mut builder = HttpRouteTable::builder();
+        if let Some(labels) = labels {
+            builder = builder.namespace_labels(
+                "team",
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            );
+        }
+        builder.build(&objects.gateways, &objects.http_routes, &[])
+    };
+    // Unknown labels: not admitted, whatever the selector says of missing labels.
+    assert_eq!(outcome(&build(None), &req(80, "h", "/"), 0), "404");
+    assert_eq!(
+        outcome(&build(Some(&[("untrusted", "yes")])), &req(80, "h", "/"), 0),
+        "404"
+    );
+    assert_eq!(
+        outcome(&build(Some(&[("tier", "web")])), &req(80, "h", "/"), 0),
+        "team/svc:1"
+    );
+}
+
+#[test]
+fn values_meshkit_does_not_serve_make_the_route_unsupported() {
+    for (what, rule) in [
+        (
+            "Host set by a header filter",
+            "{filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Host, value: x}]}}], backendRefs: [{name: svc, port: 1}]}",
+        ),
+        (
+            "Host removed by a header filter",
+            "{filters: [{type: RequestHeaderModifier, requestHeaderModifier: {remove: [host]}}], backendRefs: [{name: svc, port: 1}]}",
+        ),
+        (
+            "timeouts",
+            "{timeouts: {request: 1s}, backendRefs: [{name: svc, port: 1}]}",
+        ),
+        (
+            "a rewrite on a backend",
+            "{backendRefs: [{name: svc, port: 1, filters: [{type: URLRewrite, urlRewrite: {hostname: a.test}}]}]}",
+        ),
+    ] {
+        let table = with_gateway(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r, namespace: edge}}\nspec:\n  parentRefs: [{{name: gw}}]\n  rules: [{rule}]\n"
+        ));
+        let status = &table.route_status()[0];
+        assert_eq!(
+            (status.accepted.status, status.accepted.reason),
+            (false, Reason::UnsupportedValue),
+            "{what}: {status:?}"
+        );
+    }
+    // A header filter on a backend is served.
+    let table = with_gateway(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r, namespace: edge}\nspec:\n  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: svc, port: 1, filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-b, value: \"1\"}]}}]}]}]\n",
+    );
+    assert_eq!(outcome(&table, &req(80, "h", "/"), 0), "edge/svc:1");
+}

@@ -268,9 +268,10 @@ fn gateway_view(snapshot: &Snapshot, class: Option<&str>) -> Snapshot {
     view
 }
 
-/// The Secrets (`namespace/name`) that the Gateways' listeners name as certificates: those of
-/// the Gateway's own namespace, and those of another namespace whose ReferenceGrant lets
-/// Gateways of the Gateway's namespace refer to them.
+/// The Secrets (`namespace/name`) that the HTTPS listeners of the Gateways served name as
+/// certificates (the snapshot holds only the Gateways of the control plane's controller):
+/// those of the Gateway's own namespace, and those of another namespace whose
+/// ReferenceGrant lets Gateways of the Gateway's namespace refer to them.
 fn gateway_certificate_refs(snapshot: &Snapshot) -> BTreeSet<String> {
     use meshkit_ingress_model::gateway::types::{GROUP, Gateway, ReferenceGrant};
     use meshkit_mesh::resources::{GATEWAY_TYPE_URL, REFERENCE_GRANT_TYPE_URL};
@@ -303,7 +304,12 @@ fn gateway_certificate_refs(snapshot: &Snapshot) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for gateway in objects::<Gateway>(snapshot, GATEWAY_TYPE_URL) {
         let gateway_ns = gateway.metadata.namespace.clone().unwrap_or_default();
-        for listener in &gateway.spec.listeners {
+        for listener in gateway
+            .spec
+            .listeners
+            .iter()
+            .filter(|l| l.protocol == "HTTPS")
+        {
             for cert in listener.tls.iter().flat_map(|t| &t.certificate_refs) {
                 if !cert.group().is_empty() || cert.kind() != "Secret" {
                     continue;

@@ -55,6 +55,7 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
     RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher,
 };
 use envoy_types::pb::google::protobuf::{Any, UInt32Value};
+use meshkit_ingress_model::gateway::types::{Gateway, GatewayClass};
 use meshkit_ingress_model::gateway::{
     Backend, Filter, HttpRouteTable, PathModifier, Redirect, RuleMatch, UrlRewrite,
 };
@@ -93,16 +94,38 @@ pub fn route_table(set: &ManifestSet, options: &TranslateOptions) -> HttpRouteTa
     )
 }
 
-/// Adds every Gateway API object as it is, for meshkit gateways.
-pub fn add_resources(b: &mut SnapshotBuilder, set: &ManifestSet) {
+/// Adds the Gateway API objects as they are, for meshkit gateways: the GatewayClasses of
+/// [`TranslateOptions::gateway_controller`] and their Gateways (all when it is `None`),
+/// every HTTPRoute and ReferenceGrant. A gateway is sent no Gateway it does not serve, so
+/// none of the Secrets such a Gateway names (see `access`).
+pub fn add_resources(b: &mut SnapshotBuilder, set: &ManifestSet, options: &TranslateOptions) {
     let objects = &set.gateway_api;
-    add_all(b, &objects.gateway_classes);
-    add_all(b, &objects.gateways);
+    let classes: Vec<&GatewayClass> = objects
+        .gateway_classes
+        .iter()
+        .filter(|c| {
+            options
+                .gateway_controller
+                .as_ref()
+                .is_none_or(|controller| c.spec.controller_name == *controller)
+        })
+        .collect();
+    let served = |g: &&Gateway| {
+        options.gateway_controller.is_none()
+            || classes
+                .iter()
+                .any(|c| c.metadata.name.as_deref() == Some(g.spec.gateway_class_name.as_str()))
+    };
+    add_all(b, classes.iter().copied());
+    add_all(b, objects.gateways.iter().filter(served));
     add_all(b, &objects.http_routes);
     add_all(b, &objects.reference_grants);
 }
 
-fn add_all<K: GatewayApiKind>(b: &mut SnapshotBuilder, objects: &[K]) {
+fn add_all<'o, K: GatewayApiKind>(
+    b: &mut SnapshotBuilder,
+    objects: impl IntoIterator<Item = &'o K>,
+) {
     for object in objects {
         // Every object loaded from a manifest came from JSON, so it writes back as JSON.
         let Ok(value) = GatewayApiResource::encode(object) else {
@@ -133,6 +156,21 @@ pub fn add_envoy(
         .collect();
     for (port, https) in table.ports() {
         let name = format!("gateway-api-{port}");
+        let address = std::net::SocketAddr::new(options.gateway_api_address, port);
+        let collides = |ingress: std::net::SocketAddr| {
+            ingress.port() == port
+                && (ingress.ip() == address.ip()
+                    || ingress.ip().is_unspecified()
+                    || address.ip().is_unspecified())
+        };
+        if collides(options.http_listener) || options.https_listener.is_some_and(collides) {
+            // Envoy would refuse the listener, and with it the whole update.
+            tracing::warn!(
+                port,
+                "a Gateway listener's port is an Ingress listener's: not translated for Envoy"
+            );
+            continue;
+        }
         let scheme = if https { "https" } else { "http" };
         let virtual_hosts = table
             .domains(port)
@@ -350,10 +388,12 @@ fn path_rewrite(modifier: &PathModifier, matched: &str) -> PathRewrite {
         PathModifier::ReplaceFullPath(full) => regex("^.*$".to_owned(), full.clone()),
         PathModifier::ReplacePrefixMatch(replacement) => {
             let prefix = matched.trim_end_matches('/');
-            match replacement.trim_end_matches('/') {
+            match (prefix, replacement.trim_end_matches('/')) {
                 // The prefix and the slashes after it become the one `/`.
-                "" => regex(format!("^{}/*", regex_escape(prefix)), "/".to_owned()),
-                trimmed => PathRewrite::Prefix(trimmed.to_owned()),
+                (_, "") => regex(format!("^{}/*", regex_escape(prefix)), "/".to_owned()),
+                // The matched prefix is Envoy's `/`, which the path's own `/` follows.
+                ("", trimmed) => PathRewrite::Prefix(format!("{trimmed}/")),
+                (_, trimmed) => PathRewrite::Prefix(trimmed.to_owned()),
             }
         }
     }
@@ -425,7 +465,7 @@ fn forward_action(
     rule: &RuleMatch<'_>,
     rewrite: Option<&UrlRewrite>,
 ) -> route::Action {
-    let shares: Vec<(String, u32)> = rule
+    let shares: Vec<(String, u32, &Backend)> = rule
         .backends()
         .iter()
         .enumerate()
@@ -440,9 +480,11 @@ fn forward_action(
                     rule.rule_index()
                 )
             });
-            (cluster, b.weight)
+            (cluster, b.weight, b)
         })
         .collect();
+    // A backend's own filters (header changes only) need its own cluster entry.
+    let per_backend = shares.iter().any(|(_, _, b)| !b.filters.is_empty());
     let specifier = match shares.as_slice() {
         [] => {
             return route::Action::DirectResponse(DirectResponseAction {
@@ -451,14 +493,36 @@ fn forward_action(
                 ..Default::default()
             });
         }
-        [(cluster, _)] => route_action::ClusterSpecifier::Cluster(cluster.clone()),
+        [(cluster, _, _)] if !per_backend => {
+            route_action::ClusterSpecifier::Cluster(cluster.clone())
+        }
         _ => route_action::ClusterSpecifier::WeightedClusters(WeightedCluster {
             clusters: shares
                 .iter()
-                .map(|(name, weight)| weighted_cluster::ClusterWeight {
-                    name: name.clone(),
-                    weight: Some(UInt32Value { value: *weight }),
-                    ..Default::default()
+                .map(|(name, weight, backend)| {
+                    let mut entry = weighted_cluster::ClusterWeight {
+                        name: name.clone(),
+                        weight: Some(UInt32Value { value: *weight }),
+                        ..Default::default()
+                    };
+                    for filter in &backend.filters {
+                        match filter {
+                            Filter::RequestHeaders(m) => {
+                                entry.request_headers_to_add.extend(header_options(m));
+                                entry
+                                    .request_headers_to_remove
+                                    .extend(m.remove().iter().map(|n| n.as_str().to_owned()));
+                            }
+                            Filter::ResponseHeaders(m) => {
+                                entry.response_headers_to_add.extend(header_options(m));
+                                entry
+                                    .response_headers_to_remove
+                                    .extend(m.remove().iter().map(|n| n.as_str().to_owned()));
+                            }
+                            _ => {}
+                        }
+                    }
+                    entry
                 })
                 .collect(),
             ..Default::default()

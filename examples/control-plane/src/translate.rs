@@ -214,7 +214,7 @@ pub fn build_snapshot(set: &ManifestSet, options: &TranslateOptions) -> Snapshot
             &envoy_secret(secret),
         );
     }
-    crate::gateway_api::add_resources(&mut b, set);
+    crate::gateway_api::add_resources(&mut b, set, options);
     add_envoy_gateway(&mut b, set, options);
     let gateway_routes = crate::gateway_api::route_table(set, options);
     crate::gateway_api::add_envoy(&mut b, set, options, &gateway_routes);

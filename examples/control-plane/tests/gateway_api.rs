@@ -65,7 +65,12 @@ spec:
   hostnames: [store.example.com]
   rules:
   - matches: [{path: {value: /split}}]
-    backendRefs: [{name: web, port: 80, weight: 3}, {name: missing, port: 80}]
+    backendRefs:
+    - name: web
+      port: 80
+      weight: 3
+      filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-backend, value: web}]}}]
+    - {name: missing, port: 80}
   - matches: [{path: {type: Exact, value: /old}}]
     filters: [{type: RequestRedirect, requestRedirect: {scheme: https, statusCode: 308}}]
   - matches: [{path: {value: /}}]
@@ -217,6 +222,13 @@ fn envoy_gets_a_listener_and_routes_per_gateway_port() {
                 .map(|c| (c.name.as_str(), c.weight.as_ref().map_or(0, |v| v.value)))
                 .collect();
             assert_eq!(weights[0], ("outbound|80||web.shop.svc.cluster.local", 3));
+            // The backend's own header filter, on its cluster entry.
+            let headers: Vec<&str> = w.clusters[0]
+                .request_headers_to_add
+                .iter()
+                .filter_map(|h| h.header.as_ref().map(|h| h.key.as_str()))
+                .collect();
+            assert_eq!(headers, ["x-backend"]);
             assert!(weights[1].0.starts_with("invalid-backend|"), "{weights:?}");
             assert_eq!(weights[1].1, 1);
         }
@@ -230,15 +242,12 @@ fn envoy_gets_a_listener_and_routes_per_gateway_port() {
         other => panic!("{other:?}"),
     }
 
-    // The objects themselves, for meshkit gateways.
+    // The objects themselves, for meshkit gateways: only the Gateways of meshkit's class.
     let gateways = snapshot
         .get_type(GATEWAY_TYPE_URL)
         .expect("Gateways")
         .resources();
-    assert_eq!(
-        gateways.keys().collect::<Vec<_>>(),
-        ["shop/foreign", "shop/public"]
-    );
+    assert_eq!(gateways.keys().collect::<Vec<_>>(), ["shop/public"]);
     let routes = snapshot
         .get_type(HTTP_ROUTE_TYPE_URL)
         .expect("HTTPRoutes")

@@ -423,8 +423,9 @@ struct Shared {
     current: watch::Receiver<Arc<Compiled>>,
     /// Round-robin position per (namespace, service, port); kept across configurations.
     positions: Mutex<Positions>,
-    /// The position in the weights of Gateway API backends ([`Shared::next_roll`]).
-    rolls: std::sync::atomic::AtomicU64,
+    /// The position in the weights of each Gateway API rule ([`Shared::next_roll`]), by the
+    /// rule's key in the current configuration; emptied when a configuration replaces it.
+    rolls: Arc<Mutex<std::collections::HashMap<usize, u64>>>,
     /// Idle backend connections, reused across requests.
     pool: Arc<proxy::BackendPool>,
     /// One permit per client connection, [`GatewaySettings::max_connections`] in all.
@@ -488,6 +489,8 @@ impl Gateway {
         let pool = Arc::new(proxy::BackendPool::new(settings.backend_idle_timeout));
         let settings_max_connections = settings.max_connections;
         let idle = pool.clone();
+        let rolls: Arc<Mutex<std::collections::HashMap<usize, u64>>> = Arc::default();
+        let stale_rolls = rolls.clone();
         let task = tokio::spawn(async move {
             while config.changed().await.is_ok() {
                 let next = compile(&config.borrow_and_update());
@@ -500,6 +503,11 @@ impl Gateway {
                 configured.set_ready();
                 // Endpoints may have moved or changed identity: new connections for all.
                 idle.clear();
+                // The rules' keys were the old configuration's.
+                stale_rolls
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
             }
             // The feed ended. The condition stays as it is, for as long as the readiness
             // lives: a feed that ended before its first configuration leaves the gateway
@@ -512,7 +520,7 @@ impl Gateway {
             client,
             current: rx,
             positions: Mutex::default(),
-            rolls: std::sync::atomic::AtomicU64::new(0),
+            rolls,
             pool,
             connections: Arc::new(Semaphore::new(
                 settings_max_connections.clamp(1, Semaphore::MAX_PERMITS),
@@ -536,7 +544,7 @@ impl Gateway {
     ///
     /// Never in practice: failed accepts are logged and retried.
     pub async fn serve_http(self, listener: TcpListener) -> std::io::Result<()> {
-        self.serve(listener, None).await
+        self.serve(listener, None, false).await
     }
 
     /// Serves HTTPS on `listener`, with the certificate chosen by SNI; HTTP/2 or HTTP/1.1
@@ -546,20 +554,37 @@ impl Gateway {
     ///
     /// When the TLS configuration cannot be built.
     pub async fn serve_https(self, listener: TcpListener) -> std::io::Result<()> {
+        self.serve_tls(listener, false).await
+    }
+
+    /// HTTPS on `listener`: by the Ingresses' `spec.tls`, or (`gateway_api`) by the Gateway
+    /// listener of its port.
+    async fn serve_tls(self, listener: TcpListener, gateway_api: bool) -> std::io::Result<()> {
         let port = listener.local_addr()?.port();
         let config = tls::server_config(
             tls::SniResolver {
                 current: self.shared.current.clone(),
-                port,
+                gateway_api: gateway_api.then_some(port),
             },
             self.shared.settings.provider.clone(),
         )
         .map_err(std::io::Error::other)?;
-        self.serve(listener, Some(TlsAcceptor::from(Arc::new(config))))
-            .await
+        self.serve(
+            listener,
+            Some(TlsAcceptor::from(Arc::new(config))),
+            gateway_api,
+        )
+        .await
     }
 
-    async fn serve(self, listener: TcpListener, tls: Option<TlsAcceptor>) -> std::io::Result<()> {
+    /// The accept loop; `gateway_api`: the listener is one of [`Gateway::serve_gateway_api`]'s,
+    /// routed by the Gateway API rules of its port (never by the Ingresses).
+    async fn serve(
+        self,
+        listener: TcpListener,
+        tls: Option<TlsAcceptor>,
+        gateway_api: bool,
+    ) -> std::io::Result<()> {
         let _serving = Serving::new(&self.shared);
         let port = listener.local_addr()?.port();
         let mut drain = self.shared.drain.subscribe();
@@ -606,6 +631,7 @@ impl Gateway {
                 let peer = |scheme| stack::Client {
                     addr: client,
                     port,
+                    gateway_api,
                     scheme,
                     trusted_proxy: trusted,
                 };
@@ -652,20 +678,37 @@ impl Gateway {
     ///
     /// Dropping the future closes every listener it opened, and their connections.
     pub async fn serve_gateway_api(self, address: IpAddr) {
+        /// A port's serving task, aborted when dropped (so dropping the future closes the
+        /// listeners it opened).
+        struct PortTask {
+            https: bool,
+            task: tokio::task::JoinHandle<()>,
+        }
+        impl Drop for PortTask {
+            fn drop(&mut self) {
+                self.task.abort();
+            }
+        }
         let mut current = self.shared.current.clone();
-        let mut serving: std::collections::BTreeMap<u16, (bool, tokio::task::AbortHandle)> =
+        let mut serving: std::collections::BTreeMap<u16, PortTask> =
             std::collections::BTreeMap::new();
-        let mut tasks = JoinSet::new();
         loop {
             let ports = current.borrow_and_update().http_routes.ports();
-            serving.retain(|port, (https, task)| {
-                let keep = ports.contains(&(*port, *https));
-                if !keep {
-                    task.abort();
+            // Close what is gone, changed protocol, or stopped by itself (reopened below).
+            let stale: Vec<u16> = serving
+                .iter()
+                .filter(|(port, t)| !ports.contains(&(**port, t.https)) || t.task.is_finished())
+                .map(|(port, _)| *port)
+                .collect();
+            for port in stale {
+                if let Some(mut old) = serving.remove(&port) {
+                    old.task.abort();
+                    // Until the task has ended, its listener holds the port.
+                    let _ = (&mut old.task).await;
                     tracing::info!(port, "Gateway API listener closed");
                 }
-                keep
-            });
+            }
+            let wanted = ports.len();
             for (port, https) in ports {
                 if serving.contains_key(&port) {
                     continue;
@@ -679,23 +722,29 @@ impl Gateway {
                 };
                 tracing::info!(%address, port, https, "Gateway API listener open");
                 let gateway = self.clone();
-                let task = if https {
-                    tasks.spawn(async move {
-                        if let Err(e) = gateway.serve_https(listener).await {
-                            tracing::warn!(port, error = %e, "Gateway API listener failed");
-                        }
-                    })
-                } else {
-                    tasks.spawn(async move {
-                        let _ = gateway.serve_http(listener).await;
-                    })
-                };
-                serving.insert(port, (https, task));
+                let task = tokio::spawn(async move {
+                    let served = if https {
+                        gateway.serve_tls(listener, true).await
+                    } else {
+                        gateway.serve(listener, None, true).await
+                    };
+                    if let Err(e) = served {
+                        tracing::warn!(port, error = %e, "Gateway API listener failed");
+                    }
+                });
+                serving.insert(port, PortTask { https, task });
             }
-            while tasks.try_join_next().is_some() {}
-            if current.changed().await.is_err() {
-                // The gateway is gone: keep serving what is open until dropped.
-                std::future::pending::<()>().await;
+            // A new configuration, or a second to retry a port that could not be bound or
+            // whose listener stopped.
+            let retry = serving.len() < wanted;
+            tokio::select! {
+                changed = current.changed() => {
+                    if changed.is_err() {
+                        // The gateway is gone: keep serving what is open until dropped.
+                        std::future::pending::<()>().await;
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
             }
         }
     }
@@ -854,11 +903,15 @@ fn gateway_api_table(settings: &GatewaySettings, config: &GatewayConfig) -> Http
 // === impl Shared ===
 
 impl Shared {
-    /// The next number for a weighted choice: consecutive requests walk the weights in
-    /// turn, so each backend gets its share exactly over every round of the total weight.
-    fn next_roll(&self) -> u64 {
-        self.rolls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    /// The next number for the weighted choice of the rule `rule_key` names: consecutive
+    /// requests of one rule walk its weights in turn, so each backend gets exactly its share
+    /// of every round of the total weight.
+    fn next_roll(&self, rule_key: usize) -> u64 {
+        let mut rolls = self.rolls.lock().unwrap_or_else(|e| e.into_inner());
+        let roll = rolls.entry(rule_key).or_insert(0);
+        let current = *roll;
+        *roll = roll.wrapping_add(1);
+        current
     }
 
     fn next_endpoint(&self, namespace: &str, service: &str, port: u16) -> usize {

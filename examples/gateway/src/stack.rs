@@ -56,8 +56,12 @@ pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Inf
 pub struct Client {
     /// The client's address.
     pub addr: SocketAddr,
-    /// The local port the connection arrived on (a Gateway listener's port).
+    /// The local port the connection arrived on.
     pub port: u16,
+    /// Whether the connection came on a Gateway API listener
+    /// ([`Gateway::serve_gateway_api`](crate::Gateway::serve_gateway_api)): routed by the
+    /// Gateway API rules of its port, never by the Ingresses.
+    pub gateway_api: bool,
     /// `http` or `https`.
     pub scheme: &'static str,
     /// Whether the client is one of the gateway's trusted proxies
@@ -302,11 +306,9 @@ impl Route {
                 0,
             ));
         };
-        let port = req.extensions().get::<Client>().map(|c| (c.port, c.scheme));
-        if let Some((port, scheme)) = port
-            && compiled.http_routes.ports().iter().any(|(p, _)| *p == port)
-        {
-            return self.route_gateway_api(req, &compiled, host, port, scheme);
+        let client = req.extensions().get::<Client>().copied();
+        if let Some(client) = client.filter(|c| c.gateway_api) {
+            return self.route_gateway_api(req, &compiled, host, client.port, client.scheme);
         }
         let Some(route) = compiled.table.route(&host, req.uri().path()) else {
             return Err(refuse(
@@ -393,7 +395,7 @@ impl Route {
                 0,
             ));
         };
-        let backend = match rule.action(self.shared.next_roll()) {
+        let backend = match rule.action(self.shared.next_roll(rule.rule_key())) {
             Action::Redirect(redirect) => {
                 let location = redirect.location(
                     scheme,

@@ -58,15 +58,18 @@ fn certified_key(
 #[derive(Debug)]
 pub(super) struct SniResolver {
     pub(super) current: watch::Receiver<Arc<Compiled>>,
-    /// The port the connection arrived on.
-    pub(super) port: u16,
+    /// `Some(port)` on a Gateway API listener of that port: the certificate is the Gateway
+    /// listener's.
+    pub(super) gateway_api: Option<u16>,
 }
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let name = hello.server_name()?;
         let compiled = self.current.borrow().clone();
-        if let Some(refs) = compiled.http_routes.certificates_for(self.port, name) {
+        if let Some(port) = self.gateway_api {
+            // Without SNI, the listener without a hostname (if there is one) takes it.
+            let name = hello.server_name().unwrap_or("");
+            let refs = compiled.http_routes.certificates_for(port, name)?;
             let key = refs
                 .iter()
                 .find_map(|r| compiled.certs.get(&(r.namespace.clone(), r.name.clone())))
@@ -74,12 +77,13 @@ impl ResolvesServerCert for SniResolver {
             if key.is_none() {
                 tracing::info!(
                     sni = name,
-                    port = self.port,
+                    port,
                     "no certificate of the Gateway listener is available"
                 );
             }
             return key;
         }
+        let name = hello.server_name()?;
         let secret = compiled.table.tls_secret_for(name)?;
         let key = compiled
             .certs

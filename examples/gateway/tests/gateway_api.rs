@@ -205,6 +205,20 @@ async fn gateway_api_routes_filters_tls_and_listeners_follow_the_configuration()
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     assert_eq!(&body[..], b"/v2/x internal.test yes");
 
+    // A Gateway listener on the port of the gateway's Ingress listener cannot bind there,
+    // and the Ingress listener keeps routing by the Ingresses (not by this Gateway).
+    let mut clash = h.prepared.clone();
+    clash.gateway_api = objects(h.http.port(), https_port);
+    h.config.send_replace(clash);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(get_on(h.http.port(), HOST, "/").await.status, 200);
+    assert_eq!(
+        get_on(h.http.port(), "store.test", "/v1/items")
+            .await
+            .status,
+        404
+    );
+
     // The Gateway goes: its listeners close.
     let mut without = h.prepared.clone();
     without.gateway_api = manifest::GatewayApiObjects::default();

@@ -282,6 +282,8 @@ pub enum Reason {
     ListenerAccepted,
     /// Listener not accepted: its protocol is not HTTP or HTTPS.
     UnsupportedProtocol,
+    /// Listener not accepted: an older listener serves the other protocol on its port.
+    ProtocolConflict,
     /// A certificate reference is not a permitted Secret.
     InvalidCertificateRef,
 }
@@ -410,7 +412,17 @@ impl HeaderModifier {
     }
 
     fn compile(filter: &super::types::HttpHeaderFilter) -> Result<Self, String> {
+        // The host a backend gets is URLRewrite's to change; a proxy rewrites `Host` for its
+        // backend whatever a header filter says (Envoy refuses such a filter outright).
+        let not_host = |name: &str| {
+            if name.eq_ignore_ascii_case("host") {
+                Err("a header filter may not change Host (use URLRewrite hostname)".to_owned())
+            } else {
+                Ok(())
+            }
+        };
         let pair = |h: &super::types::HttpHeader| -> Result<(HeaderName, HeaderValue), String> {
+            not_host(&h.name)?;
             let name = HeaderName::from_bytes(h.name.as_bytes())
                 .map_err(|_| format!("invalid header name {:?}", h.name))?;
             let value = HeaderValue::from_str(&h.value)
@@ -427,6 +439,7 @@ impl HeaderModifier {
         }
         let mut remove = Vec::new();
         for name in &filter.remove {
+            not_host(name)?;
             remove.push(
                 HeaderName::from_bytes(name.as_bytes())
                     .map_err(|_| format!("invalid header name {name:?}"))?,
@@ -454,21 +467,15 @@ impl PathModifier {
         match self {
             PathModifier::ReplaceFullPath(full) => full.clone(),
             PathModifier::ReplacePrefixMatch(replacement) => {
+                // Both without their trailing slashes: the rest of the path keeps its own
+                // (`/foo/` with `/foo` to `/xyz` is `/xyz/`), and an empty result is `/`.
                 let prefix = trim_prefix_path(matched_prefix);
                 let rest = path.get(prefix.len()..).unwrap_or("");
-                if rest.is_empty() || rest == "/" {
-                    // Nothing after the prefix (or only its trailing slash): the
-                    // replacement as written, keeping a trailing slash the request had.
-                    if rest == "/" && !replacement.ends_with('/') {
-                        return format!("{replacement}/");
-                    }
-                    if replacement.is_empty() {
-                        return "/".to_owned();
-                    }
-                    return replacement.clone();
-                }
                 let replacement = trim_prefix_path(replacement);
-                format!("{replacement}{rest}")
+                match format!("{replacement}{rest}") {
+                    empty if empty.is_empty() => "/".to_owned(),
+                    replaced => replaced,
+                }
             }
         }
     }
@@ -601,6 +608,13 @@ impl<'a> RuleMatch<'a> {
         self.table.routes.get(self.rule.route as usize)
     }
 
+    /// A key of the rule, the same for every request it serves while this table lives and
+    /// different from every other rule's: for state a proxy keeps per rule (a weighted
+    /// round robin).
+    pub fn rule_key(&self) -> usize {
+        std::ptr::from_ref(self.rule).addr()
+    }
+
     /// Index of the rule in `spec.rules`.
     pub fn rule_index(&self) -> usize {
         self.rule.index as usize
@@ -622,7 +636,8 @@ impl<'a> RuleMatch<'a> {
         &self.candidate.prefix
     }
 
-    /// Whether the path condition is `Exact` (else `PathPrefix`, on [`matched_path`](Self::matched_path)).
+    /// Whether the path condition is `Exact` (else `PathPrefix`, on
+    /// [`matched_path`](Self::matched_path)).
     pub fn is_exact_path(&self) -> bool {
         self.candidate.exact_path
     }
@@ -696,6 +711,7 @@ impl Reason {
             Reason::InvalidKind => "InvalidKind",
             Reason::BackendNotFound => "BackendNotFound",
             Reason::UnsupportedProtocol => "UnsupportedProtocol",
+            Reason::ProtocolConflict => "ProtocolConflict",
             Reason::InvalidCertificateRef => "InvalidCertificateRef",
         }
     }
@@ -892,6 +908,11 @@ impl HttpRouteTable {
             .collect();
         out.sort_by(|a, b| a.hostname.cmp(&b.hostname));
         out
+    }
+
+    /// Whether `port` has an HTTP or HTTPS listener.
+    pub fn serves_port(&self, port: u16) -> bool {
+        self.ports.contains_key(&port)
     }
 
     /// The ports with at least one HTTP or HTTPS listener, and whether each is HTTPS.
@@ -1209,6 +1230,8 @@ impl PathIndex {
                 .copied()
                 .unwrap_or(u32::MAX);
             (
+                // Within one trie node (`/foo` and `/foo/`), the longer value as written.
+                std::cmp::Reverse(c.prefix.len()),
                 c.method.is_none(),
                 std::cmp::Reverse(c.headers.len()),
                 std::cmp::Reverse(c.query.len()),
@@ -1300,6 +1323,8 @@ struct Build<'b> {
     table: HttpRouteTable,
     /// Listener group by (port, listener host key).
     group_of: HashMap<(u16, HostKey), u32>,
+    /// Whether each port serves HTTPS, as its first listener decided.
+    port_protocol: HashMap<u16, bool>,
 }
 
 /// A listener of a served Gateway.
@@ -1317,6 +1342,7 @@ impl<'b> Build<'b> {
             grants,
             table: HttpRouteTable::default(),
             group_of: HashMap::default(),
+            port_protocol: HashMap::default(),
         }
     }
 
@@ -1417,11 +1443,40 @@ impl<'b> Build<'b> {
                 }
             }
         }
+        // One protocol per port: the oldest Gateway's listener decides it, and a listener of
+        // the other protocol on that port conflicts (it is not served).
+        if let (Some(https), Some(port), true) = (https, port, accepted.status) {
+            match self.port_protocol.get(&port) {
+                Some(first) if *first != https => {
+                    accepted = Condition::no(
+                        Reason::ProtocolConflict,
+                        format!(
+                            "port {port} already serves {} for an older listener",
+                            if *first { "HTTPS" } else { "HTTP" }
+                        ),
+                    );
+                }
+                _ => {
+                    self.port_protocol.insert(port, https);
+                }
+            }
+        }
         let mut group = None;
         if let (Some(https), Some(port), true) = (https, port, accepted.status) {
             let key = listener_host_key(listener.hostname.as_deref());
             let next = to_u32(self.table.groups.len());
             let id = *self.group_of.entry((port, key.clone())).or_insert(next);
+            if id != next
+                && let Some(existing) = self.table.groups.get_mut(id as usize)
+            {
+                // Listeners of several Gateways on one port and hostname: every
+                // certificate of theirs may serve it, the older first.
+                for cert in certificates.drain(..) {
+                    if !existing.certificates.contains(&cert) {
+                        existing.certificates.push(cert);
+                    }
+                }
+            }
             if id == next {
                 self.table.groups.push(ListenerGroup {
                     hosts: HostIndex::default(),
@@ -1662,8 +1717,9 @@ impl<'b> Build<'b> {
                 self.config.namespace_labels.get(route_ns),
             ) {
                 (Some(selector), Some(labels)) => selector_matches(selector, labels),
-                (Some(selector), None) => selector_matches(selector, &BTreeMap::new()),
-                (None, _) => false,
+                // A namespace whose labels are not known is not admitted: matching it as
+                // unlabelled would let a `NotIn` or `DoesNotExist` selector admit it.
+                (Some(_), None) | (None, _) => false,
             },
             _ => false,
         }
@@ -1698,13 +1754,24 @@ impl<'b> Build<'b> {
                     }
                 }
             }
+            if rule.timeouts.is_some() {
+                return Err(format!("spec.rules[{i}].timeouts are not supported"));
+            }
             let filters = compile_filters(&rule.filters, &format!("spec.rules[{i}].filters"))?;
             let mut backends = Vec::with_capacity(rule.backend_refs.len());
             for (j, backend) in rule.backend_refs.iter().enumerate() {
-                let filters = compile_filters(
-                    &backend.filters,
-                    &format!("spec.rules[{i}].backendRefs[{j}].filters"),
-                )?;
+                let at = format!("spec.rules[{i}].backendRefs[{j}].filters");
+                let filters = compile_filters(&backend.filters, &at)?;
+                // Per backend, a proxy can change headers (Envoy's weighted clusters can);
+                // a redirect or a rewrite belongs to the rule.
+                if filters
+                    .iter()
+                    .any(|f| !matches!(f, Filter::RequestHeaders(_) | Filter::ResponseHeaders(_)))
+                {
+                    return Err(format!(
+                        "{at}: only header modifiers are supported on a backend"
+                    ));
+                }
                 backends.push(Backend {
                     target: self.resolve_backend(&backend.backend, namespace),
                     weight: u32::try_from(backend.weight()).unwrap_or(0),
