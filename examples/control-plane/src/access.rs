@@ -273,7 +273,7 @@ fn gateway_view(snapshot: &Snapshot, class: Option<&str>) -> Snapshot {
 /// those of the Gateway's own namespace, and those of another namespace whose
 /// ReferenceGrant lets Gateways of the Gateway's namespace refer to them.
 fn gateway_certificate_refs(snapshot: &Snapshot) -> BTreeSet<String> {
-    use meshkit_ingress_model::gateway::types::{GROUP, Gateway, ReferenceGrant};
+    use meshkit_ingress_model::gateway::types::{Gateway, ReferenceGrant};
     use meshkit_mesh::resources::{GATEWAY_TYPE_URL, REFERENCE_GRANT_TYPE_URL};
     fn objects<T: serde::de::DeserializeOwned>(snapshot: &Snapshot, url: &str) -> Vec<T> {
         snapshot
@@ -288,18 +288,9 @@ fn gateway_certificate_refs(snapshot: &Snapshot) -> BTreeSet<String> {
     }
     let grants: Vec<ReferenceGrant> = objects(snapshot, REFERENCE_GRANT_TYPE_URL);
     let granted = |from_ns: &str, to_ns: &str, name: &str| {
-        grants.iter().any(|g| {
-            g.metadata.namespace.as_deref() == Some(to_ns)
-                && g.spec
-                    .from
-                    .iter()
-                    .any(|f| f.group == GROUP && f.kind == "Gateway" && f.namespace == from_ns)
-                && g.spec.to.iter().any(|t| {
-                    t.group.is_empty()
-                        && t.kind == "Secret"
-                        && t.name.as_deref().is_none_or(|n| n == name)
-                })
-        })
+        grants
+            .iter()
+            .any(|g| g.allows("Gateway", from_ns, "", "Secret", to_ns, name))
     };
     let mut out = BTreeSet::new();
     for gateway in objects::<Gateway>(snapshot, GATEWAY_TYPE_URL) {

@@ -40,16 +40,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::core::v3::{
-    HeaderValue, HeaderValueOption, TransportSocket, header_value_option, transport_socket,
+    HeaderValue, HeaderValueOption, header_value_option,
 };
-use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
 use envoy_types::pb::envoy::config::route::v3::{
     DirectResponseAction, HeaderMatcher, QueryParameterMatcher, RedirectAction, Route, RouteAction,
     RouteConfiguration, RouteMatch, VirtualHost, WeightedCluster, header_matcher,
     query_parameter_matcher, redirect_action, route, route_action, route_match, weighted_cluster,
-};
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{
     RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher,
@@ -66,7 +63,8 @@ use serde_json::{Value, json};
 
 use crate::manifests::ManifestSet;
 use crate::translate::{
-    TranslateOptions, ads, any_of, cluster_name, hcm_filter, inline, socket_address, tls_inspector,
+    TranslateOptions, cluster_name, hcm_filter, inline, socket_address, tls_filter_chain,
+    tls_inspector,
 };
 
 /// The controller name whose GatewayClasses meshkit serves by default.
@@ -76,22 +74,15 @@ pub const DEFAULT_CONTROLLER: &str = meshkit_mesh::resources::GATEWAY_CONTROLLER
 /// those of [`TranslateOptions::gateway_controller`]'s classes (all when it is `None`), with
 /// the ServiceEntries as the Services that exist.
 pub fn route_table(set: &ManifestSet, options: &TranslateOptions) -> HttpRouteTable {
-    let objects = &set.gateway_api;
     let mut builder = HttpRouteTable::builder().services(
         set.service_entries
             .iter()
             .map(|se| (se.namespace.clone(), se.name.clone())),
     );
     if let Some(controller) = &options.gateway_controller {
-        builder = builder
-            .controller(controller.clone())
-            .gateway_classes(&objects.gateway_classes);
+        builder = builder.controller(controller.clone());
     }
-    builder.build(
-        &objects.gateways,
-        &objects.http_routes,
-        &objects.reference_grants,
-    )
+    builder.build_objects(&set.gateway_api)
 }
 
 /// Adds the Gateway API objects as they are, for meshkit gateways: the GatewayClasses of
@@ -206,7 +197,12 @@ pub fn add_envoy(
                         .iter()
                         .map(|c| format!("{}/{}", c.namespace, c.name))
                         .find(|s| secrets.contains(s))?;
-                    Some(tls_chain(&name, l.hostname, secret))
+                    Some(tls_filter_chain(
+                        l.hostname.clone().unwrap_or_else(|| "*".to_owned()),
+                        l.hostname.map(|h| vec![h]),
+                        &name,
+                        secret,
+                    ))
                 })
                 .collect()
         } else {
@@ -233,34 +229,6 @@ pub fn add_envoy(
                 ..Default::default()
             },
         );
-    }
-}
-
-fn tls_chain(route_config: &str, hostname: Option<String>, secret: String) -> FilterChain {
-    FilterChain {
-        name: hostname.clone().unwrap_or_else(|| "*".to_owned()),
-        filter_chain_match: hostname.map(|h| FilterChainMatch {
-            server_names: vec![h],
-            ..Default::default()
-        }),
-        filters: vec![hcm_filter(route_config)],
-        transport_socket: Some(TransportSocket {
-            name: "envoy.transport_sockets.tls".to_owned(),
-            config_type: Some(transport_socket::ConfigType::TypedConfig(any_of(
-                &DownstreamTlsContext {
-                    common_tls_context: Some(CommonTlsContext {
-                        alpn_protocols: vec!["h2".to_owned(), "http/1.1".to_owned()],
-                        tls_certificate_sds_secret_configs: vec![SdsSecretConfig {
-                            name: secret,
-                            sds_config: ads(),
-                        }],
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            ))),
-        }),
-        ..Default::default()
     }
 }
 

@@ -611,30 +611,8 @@ fn add_envoy_gateway(b: &mut SnapshotBuilder, set: &ManifestSet, options: &Trans
         }
         let filter_chains = by_secret
             .into_iter()
-            .map(|(secret, server_names)| FilterChain {
-                name: secret.clone(),
-                filter_chain_match: Some(FilterChainMatch {
-                    server_names,
-                    ..Default::default()
-                }),
-                filters: vec![hcm_filter("https")],
-                transport_socket: Some(TransportSocket {
-                    name: "envoy.transport_sockets.tls".to_owned(),
-                    config_type: Some(transport_socket::ConfigType::TypedConfig(any_of(
-                        &DownstreamTlsContext {
-                            common_tls_context: Some(CommonTlsContext {
-                                alpn_protocols: vec!["h2".to_owned(), "http/1.1".to_owned()],
-                                tls_certificate_sds_secret_configs: vec![SdsSecretConfig {
-                                    name: secret,
-                                    sds_config: ads(),
-                                }],
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        },
-                    ))),
-                }),
-                ..Default::default()
+            .map(|(secret, server_names)| {
+                tls_filter_chain(secret.clone(), Some(server_names), "https", secret)
             })
             .collect();
         b.add(
@@ -651,6 +629,41 @@ fn add_envoy_gateway(b: &mut SnapshotBuilder, set: &ManifestSet, options: &Trans
     }
 
     add_clusters(b, set, options);
+}
+
+/// A filter chain terminating TLS with the SDS Secret `secret` (ALPN `h2`, `http/1.1`) for
+/// the SNI names `server_names` (every name when `None`), then HTTP routed by `route_config`.
+pub(crate) fn tls_filter_chain(
+    name: String,
+    server_names: Option<Vec<String>>,
+    route_config: &str,
+    secret: String,
+) -> FilterChain {
+    FilterChain {
+        name,
+        filter_chain_match: server_names.map(|server_names| FilterChainMatch {
+            server_names,
+            ..Default::default()
+        }),
+        filters: vec![hcm_filter(route_config)],
+        transport_socket: Some(TransportSocket {
+            name: "envoy.transport_sockets.tls".to_owned(),
+            config_type: Some(transport_socket::ConfigType::TypedConfig(any_of(
+                &DownstreamTlsContext {
+                    common_tls_context: Some(CommonTlsContext {
+                        alpn_protocols: vec!["h2".to_owned(), "http/1.1".to_owned()],
+                        tls_certificate_sds_secret_configs: vec![SdsSecretConfig {
+                            name: secret,
+                            sds_config: ads(),
+                        }],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ))),
+        }),
+        ..Default::default()
+    }
 }
 
 /// Longest path first; Exact before Prefix on equal length (a stable sort keeps definition

@@ -880,7 +880,6 @@ fn compile(settings: &GatewaySettings, config: &GatewayConfig) -> Compiled {
 /// The Gateway API route table of `config`: the Gateways of the configured controller's
 /// classes, with the mesh's services as the Services that exist.
 fn gateway_api_table(settings: &GatewaySettings, config: &GatewayConfig) -> HttpRouteTable {
-    let objects = &config.gateway_api;
     let mut builder = HttpRouteTable::builder().services(
         config
             .mesh
@@ -889,15 +888,9 @@ fn gateway_api_table(settings: &GatewaySettings, config: &GatewayConfig) -> Http
             .map(|s| (s.namespace.clone(), s.name.clone())),
     );
     if let Some(controller) = &settings.gateway_controller {
-        builder = builder
-            .controller(controller.clone())
-            .gateway_classes(&objects.gateway_classes);
+        builder = builder.controller(controller.clone());
     }
-    builder.build(
-        &objects.gateways,
-        &objects.http_routes,
-        &objects.reference_grants,
-    )
+    builder.build_objects(&config.gateway_api)
 }
 
 // === impl Shared ===

@@ -6,7 +6,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -174,20 +173,12 @@ async fn gateway_api_routes_filters_tls_and_listeners_follow_the_configuration()
     assert_eq!(get_on(http_port, HOST, "/").await.status, 404);
 
     // HTTPS on the Gateway's listener: its certificate ref (shop-tls), chosen by SNI.
-    let mut config =
-        rustls::ClientConfig::builder_with_provider(meshkit_identity::default_provider())
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(h.roots.clone())
-            .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let sock = TcpStream::connect(("127.0.0.1", https_port))
-        .await
-        .expect("connect");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(HOST.try_into().expect("name"), sock)
-        .await
-        .expect("TLS with the listener's certificate");
+    let tls = tls_connect_to(
+        &h,
+        SocketAddr::from(([127, 0, 0, 1], https_port)),
+        &[b"http/1.1"],
+    )
+    .await;
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .expect("handshake");

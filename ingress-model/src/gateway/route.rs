@@ -798,6 +798,16 @@ impl HttpRouteTableBuilder {
         })
     }
 
+    /// Builds the table over a manifest's objects: its GatewayClasses (for
+    /// [`controller`](Self::controller)), Gateways, HTTPRoutes and ReferenceGrants.
+    pub fn build_objects(self, objects: &super::manifest::GatewayApiObjects) -> HttpRouteTable {
+        self.gateway_classes(&objects.gateway_classes).build(
+            &objects.gateways,
+            &objects.http_routes,
+            &objects.reference_grants,
+        )
+    }
+
     /// Builds the table.
     pub fn build(
         &self,
@@ -1523,19 +1533,9 @@ impl<'b> Build<'b> {
         to_ns: &str,
         to_name: &str,
     ) -> bool {
-        self.grants.iter().any(|grant| {
-            grant.metadata.namespace.as_deref().unwrap_or("") == to_ns
-                && grant
-                    .spec
-                    .from
-                    .iter()
-                    .any(|f| f.group == GROUP && f.kind == from_kind && f.namespace == from_ns)
-                && grant.spec.to.iter().any(|t| {
-                    t.group == to_group
-                        && t.kind == to_kind
-                        && t.name.as_deref().is_none_or(|n| n == to_name)
-                })
-        })
+        self.grants
+            .iter()
+            .any(|grant| grant.allows(from_kind, from_ns, to_group, to_kind, to_ns, to_name))
     }
 
     fn add_route(&mut self, route: &HttpRoute, listeners: &[ListenerEntry<'_>]) {

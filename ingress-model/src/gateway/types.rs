@@ -616,6 +616,34 @@ impl HttpPathMatch {
     }
 }
 
+impl ReferenceGrant {
+    /// Whether this grant lets `from_kind` objects (of the Gateway API group) in `from_ns`
+    /// refer to the `to_group`/`to_kind` object `to_name` in `to_ns`: the grant must live in
+    /// `to_ns`, one `from` entry name the referrer and one `to` entry the referent (every
+    /// object of its kind when it names none).
+    pub fn allows(
+        &self,
+        from_kind: &str,
+        from_ns: &str,
+        to_group: &str,
+        to_kind: &str,
+        to_ns: &str,
+        to_name: &str,
+    ) -> bool {
+        self.metadata.namespace.as_deref().unwrap_or("") == to_ns
+            && self
+                .spec
+                .from
+                .iter()
+                .any(|f| f.group == GROUP && f.kind == from_kind && f.namespace == from_ns)
+            && self.spec.to.iter().any(|t| {
+                t.group == to_group
+                    && t.kind == to_kind
+                    && t.name.as_deref().is_none_or(|n| n == to_name)
+            })
+    }
+}
+
 impl HttpBackendRef {
     /// `weight`, defaulted to 1.
     pub fn weight(&self) -> i32 {

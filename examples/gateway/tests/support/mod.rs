@@ -534,6 +534,15 @@ pub async fn tls_connect(
     h: &Harness,
     alpn: &[&[u8]],
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
+    tls_connect_to(h, h.https, alpn).await
+}
+
+/// A TLS connection to `addr` for [`HOST`], offering `alpn`, trusting the harness's roots.
+pub async fn tls_connect_to(
+    h: &Harness,
+    addr: SocketAddr,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
     let mut config =
         rustls::ClientConfig::builder_with_provider(meshkit_identity::default_provider())
             .with_safe_default_protocol_versions()
@@ -541,7 +550,7 @@ pub async fn tls_connect(
             .with_root_certificates(h.roots.clone())
             .with_no_client_auth();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let sock = TcpStream::connect(h.https).await.expect("connect");
+    let sock = TcpStream::connect(addr).await.expect("connect");
     tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(HOST.try_into().expect("name"), sock)
         .await
