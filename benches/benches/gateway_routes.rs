@@ -133,13 +133,7 @@ type Request = (String, String, bool, bool);
 /// and without the header and the method.
 fn requests(rules: usize) -> Vec<Request> {
     let routes = rules.div_ceil(RULES_PER_ROUTE);
-    let mut state = 0x2545_f491_u64;
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1);
-        (state >> 33) as usize
-    };
+    let mut next = meshkit_benches::deterministic_numbers(0x2545_f491);
     (0..REQUESTS)
         .map(|i| {
             let h = next() % routes;
@@ -155,7 +149,12 @@ fn requests(rules: usize) -> Vec<Request> {
                 2 => format!("/svc{r}/apix"),
                 _ => "/unknown".to_owned(),
             };
-            (host, path, next() % 2 == 0, next() % 3 == 0)
+            (
+                host,
+                path,
+                next().is_multiple_of(2),
+                next().is_multiple_of(3),
+            )
         })
         .collect()
 }

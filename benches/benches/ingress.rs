@@ -76,13 +76,7 @@ fn ingresses(rules: usize) -> Vec<Ingress> {
 /// Deterministic requests: mostly hits below a rule path, some exact hits, some misses.
 fn requests(rules: usize) -> Vec<(String, String)> {
     let hosts = rules.div_ceil(PATHS_PER_HOST);
-    let mut state = 0x2545_f491_u64;
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1);
-        (state >> 33) as usize
-    };
+    let mut next = meshkit_benches::deterministic_numbers(0x2545_f491);
     (0..REQUESTS)
         .map(|i| {
             let h = next() % hosts;

@@ -299,6 +299,18 @@ pub fn parse_vm_rss(status: &str) -> Option<u64> {
     }
 }
 
+/// A deterministic stream of pseudo-random numbers (a 64-bit linear congruential generator,
+/// the high bits of each step), so that a bench's inputs are the same in every run.
+pub fn deterministic_numbers(seed: u64) -> impl FnMut() -> usize {
+    let mut state = seed;
+    move || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 33) as usize
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
