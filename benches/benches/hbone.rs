@@ -1,13 +1,15 @@
 //! meshkit-hbone on loopback, each beside its baseline in the same run: bulk throughput
-//! (raw TCP, plain rustls TLS 1.3, HBONE), 1 KiB round trips (TLS, HBONE), and tunnel opening
-//! on a warm pooled connection and on a cold one, and 64 MiB from server to client through a
-//! tunnel whose connection carries ten stalled tunnels (readers that never read) beside the
-//! same on a connection of its own. Each end runs on a thread of its own (see
-//! `Ends`), except in the `round_trip_1kib_1thread` group, which puts both on one thread to
-//! compare CPU per round trip.
+//! (raw TCP, plain rustls TLS 1.3, HBONE), 1 KiB round trips (TLS, HBONE), tunnel opening on a
+//! warm pooled connection (one at a time, and 100 at once, beside a 1-byte round trip on that
+//! connection) and on a cold one (beside TCP + TLS), and 64 MiB from server to client through
+//! a tunnel whose connection carries ten stalled tunnels (readers that never read) beside the
+//! same on a connection of its own. Each end runs on a thread of its own (see `Ends`), except
+//! in the `round_trip_1kib_1thread` and `tunnel_open_1thread` groups, which put both on one
+//! thread to compare CPU per round trip and per open.
 //!
 //! `cargo bench -p meshkit-benches --bench hbone`; `HBONE_PROFILE_RTT=hbone:N` (or `tls:N`)
-//! runs N round trips without criterion, for `valgrind --tool=callgrind`.
+//! runs N round trips without criterion, for `valgrind --tool=callgrind` (`open:N`: N warm
+//! tunnel opens).
 //! `HBONE_BENCH_PROVIDER=aws-lc-rs` runs every transport with aws-lc-rs instead of ring.
 
 use std::net::SocketAddr;
@@ -22,7 +24,7 @@ use meshkit_hbone::{Client, ClientConfig, Decision, Server, ServerConfig, Target
 use meshkit_hbone::{TLS_READ_BUFFER as READ_BUFFER, TLS_WRITE_BUFFER as WRITE_BUFFER};
 use meshkit_identity::test_util::TestCa;
 use meshkit_identity::{
-    Authorize, SingleIdentity, SpiffeId, SpiffeVerifier, TlsSettings, TrustDomain,
+    Authorize, SingleIdentity, SpiffeId, SpiffeVerifier, TlsSettings, TrustBundleSet, TrustDomain,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -289,10 +291,19 @@ async fn hbone_push(tunnel: meshkit_hbone::Tunnel, block: Bytes, blocks: usize) 
     let _ = send.finish();
 }
 
+/// Reads `tunnel` until it ends, as HTTP/2 delivers it.
+async fn drain(tunnel: meshkit_hbone::Tunnel) {
+    let (mut recv, _send) = tunnel.into_split();
+    while let Ok(Some(_)) = recv.chunk().await {}
+}
+
 /// Target port of a tunnel whose server pushes `BULK` bytes to the client, then ends.
 const PUSH: u16 = 3;
 /// Target port of a tunnel whose server pushes without end (its client never reads).
 const PUSH_FOREVER: u16 = 4;
+/// Target port of a tunnel whose server reads until the tunnel ends and sends nothing: the
+/// least a handler does, for the tunnel-open groups.
+const DRAIN: u16 = 5;
 
 /// An HBONE server on `server` whose tunnels run `Peer::Sink` for target port 1, push to the
 /// client for `PUSH` and `PUSH_FOREVER`, and run `Peer::Echo` else.
@@ -306,6 +317,7 @@ fn hbone_server(server: &Handle, pki: &Pki) -> SocketAddr {
                 1 => Decision::accept(hbone_sink),
                 PUSH => Decision::accept(move |t| hbone_push(t, block, BULK / CHUNK)),
                 PUSH_FOREVER => Decision::accept(move |t| hbone_push(t, block, usize::MAX)),
+                DRAIN => Decision::accept(drain),
                 _ => Decision::accept(|tunnel| serve_peer(tunnel, Peer::Echo)),
             }
         }
@@ -469,40 +481,154 @@ where
     elapsed
 }
 
+/// Opens and drops `iters` tunnels to `server` one after the other in a spawned task, as a
+/// node proxy's connection handler opens them, and returns the time they took. The target is
+/// built once and cloned per tunnel, as a proxy clones the identities it holds parsed.
+fn serial_opens(rt: &Runtime, client: &Client, server: SocketAddr, iters: u64) -> Duration {
+    let client = client.clone();
+    let target = port_target(server, DRAIN);
+    rt.block_on(async move {
+        tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                drop(client.open(target.clone()).await.unwrap());
+            }
+            start.elapsed()
+        })
+        .await
+        .unwrap()
+    })
+}
+
+/// Tunnels opened at once by `tunnel_open/warm_x100`: as many as one pooled connection takes
+/// (the client's default `max_streams_per_connection`).
+const BURST: usize = 100;
+
+/// Opens `BURST` tunnels at once on `client`'s pool, `iters` times, and returns the time they
+/// took: the rate a node proxy reaches when many workload connections arrive together.
+fn burst_opens(rt: &Runtime, client: &Client, server: SocketAddr, iters: u64) -> Duration {
+    let client = client.clone();
+    let target = port_target(server, DRAIN);
+    rt.block_on(async move {
+        tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                let mut opens = tokio::task::JoinSet::new();
+                for _ in 0..BURST {
+                    let (client, target) = (client.clone(), target.clone());
+                    opens.spawn(async move { client.open(target).await });
+                }
+                while let Some(opened) = opens.join_next().await {
+                    drop(opened.unwrap().unwrap());
+                }
+            }
+            start.elapsed()
+        })
+        .await
+        .unwrap()
+    })
+}
+
+/// Times `iters` 1-byte round trips on `tunnel` from a spawned task: the least an exchange on
+/// the tunnel's connection costs, the baseline of a warm open (one exchange on it too).
+fn byte_round_trips(
+    rt: &Runtime,
+    slot: &mut Option<meshkit_hbone::Tunnel>,
+    iters: u64,
+) -> Duration {
+    let mut tunnel = slot.take().expect("tunnel returned by the previous run");
+    let (tunnel, elapsed) = rt.block_on(async move {
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1];
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                ping(&mut tunnel, &[7], &mut buf).await;
+            }
+            (tunnel, start.elapsed())
+        })
+        .await
+        .unwrap()
+    });
+    *slot = Some(tunnel);
+    elapsed
+}
+
 fn bench_open(c: &mut Criterion) {
     let ends = Ends::new();
-    let (rt, handle) = (&ends.client, &ends.server);
+    open_group(c, "tunnel_open", &ends.client, &ends.server);
+    // Both ends on one thread: no wake-ups across threads, so the figures are the CPU a warm
+    // open costs, the two ends together.
+    let one = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    open_group(c, "tunnel_open_1thread", &one, one.handle());
+}
+
+/// Warm opens (one at a time, and `BURST` at once) beside a 1-byte round trip on a tunnel of
+/// the same pooled connection; cold opens beside TCP + TLS.
+fn open_group(c: &mut Criterion, name: &str, rt: &Runtime, handle: &Handle) {
     let pki = Pki::new();
     let server = hbone_server(handle, &pki);
-    let warm = setup(rt, "warm client's first tunnel", async {
+    let (warm, tunnel) = setup(rt, "warm client's first tunnel", async {
         let client = pki.client();
-        drop(client.open(target(server, Peer::Echo)).await.unwrap());
-        client
+        let tunnel = client.open(target(server, Peer::Echo)).await.unwrap();
+        (client, tunnel)
     });
+    let mut tunnel = Some(tunnel);
+
+    let mut g = c.benchmark_group(name);
+    g.throughput(Throughput::Elements(1));
+    // CONNECT + 200 on the pooled connection, then the tunnel dropped (RST_STREAM).
+    g.bench_function("warm", |b| {
+        b.iter_custom(|iters| serial_opens(rt, &warm, server, iters))
+    });
+    g.bench_function("round_trip_1b", |b| {
+        b.iter_custom(|iters| byte_round_trips(rt, &mut tunnel, iters))
+    });
+    g.throughput(Throughput::Elements(BURST as u64));
+    g.bench_function("warm_x100", |b| {
+        b.iter_custom(|iters| burst_opens(rt, &warm, server, iters))
+    });
+    g.throughput(Throughput::Elements(1));
     let svid = pki.ca.issue(id(CLIENT));
     let bundles = Arc::new(pki.ca.bundle_set());
-
-    let mut g = c.benchmark_group("tunnel_open");
-    g.throughput(Throughput::Elements(1));
-    // CONNECT + 200 on the pooled connection.
-    g.bench_function("warm", |b| {
-        b.iter(|| rt.block_on(async { drop(warm.open(target(server, Peer::Echo)).await.unwrap()) }))
-    });
     // TCP + TLS 1.3 handshake + HTTP/2 handshake + CONNECT + 200, with a new client each time.
     g.bench_function("cold", |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                let config = ClientConfig::default()
-                    .with_h2(h2_settings())
-                    .with_tls(tls_settings());
-                let client = Client::new(config, svid.clone(), bundles.clone());
-                drop(client.open(target(server, Peer::Echo)).await.unwrap());
-            })
-        })
+        b.iter(|| rt.block_on(cold_open(&svid, &bundles, server)))
     });
-    // Baseline for "cold": TCP + the same mutual-TLS handshake, nothing else.
+    // Baselines for "cold": TCP + the same mutual-TLS handshake, nothing else (done once the
+    // client has sent its Finished, before the server has checked the client's certificate);
+    // and the same followed by a 1-byte round trip, done once the server has accepted the
+    // client, as a cold tunnel is when its 200 arrives.
     let tls_config = Arc::new(pki.client_tls());
-    let (l, tls_listener) = listener();
+    let tls_listener = tls_echo_listener(handle, &pki);
+    g.bench_function("tls_handshake", |b| {
+        b.iter(|| rt.block_on(tls_handshake(&tls_config, tls_listener, false)))
+    });
+    g.bench_function("tls_handshake_rtt", |b| {
+        b.iter(|| rt.block_on(tls_handshake(&tls_config, tls_listener, true)))
+    });
+    g.finish();
+}
+
+/// Opens one tunnel to `server` with a new client (TCP, TLS, HTTP/2 and CONNECT) and drops
+/// it with its client.
+async fn cold_open(
+    svid: &meshkit_identity::X509Svid,
+    bundles: &Arc<TrustBundleSet>,
+    server: SocketAddr,
+) {
+    let config = ClientConfig::default()
+        .with_h2(h2_settings())
+        .with_tls(tls_settings());
+    let client = Client::new(config, svid.clone(), bundles.clone());
+    drop(client.open(port_target(server, DRAIN)).await.unwrap());
+}
+
+/// A mutual-TLS server on `handle` that echoes on every connection it accepts.
+fn tls_echo_listener(handle: &Handle, pki: &Pki) -> SocketAddr {
+    let (l, addr) = listener();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_tls()));
     handle.spawn(async move {
         let listener = TcpListener::from_std(l).unwrap();
@@ -511,27 +637,36 @@ fn bench_open(c: &mut Criterion) {
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 if let Ok(mut tls) = acceptor.accept(s).await {
-                    let _ = tls.read(&mut [0u8; 1]).await;
+                    let mut byte = [0u8; 1];
+                    while let Ok(1) = tls.read(&mut byte).await {
+                        if tls.write_all(&byte).await.is_err() || tls.flush().await.is_err() {
+                            return;
+                        }
+                    }
                 }
             });
         }
     });
-    g.bench_function("tls_handshake", |b| {
-        b.iter(|| {
-            rt.block_on(async {
-                let s = TcpStream::connect(tls_listener).await.unwrap();
-                let mut tls = tokio_rustls::TlsConnector::from(tls_config.clone())
-                    .connect(
-                        rustls::pki_types::ServerName::IpAddress(tls_listener.ip().into()),
-                        s,
-                    )
-                    .await
-                    .unwrap();
-                tls.write_all(b"x").await.unwrap();
-            })
-        })
-    });
-    g.finish();
+    addr
+}
+
+/// TCP + a mutual-TLS handshake with `addr`, then one byte sent; with `confirm`, waits for
+/// its echo.
+async fn tls_handshake(config: &Arc<rustls::ClientConfig>, addr: SocketAddr, confirm: bool) {
+    let s = TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config.clone())
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
+            s,
+        )
+        .await
+        .unwrap();
+    tls.write_all(b"x").await.unwrap();
+    if confirm {
+        tls.flush().await.unwrap();
+        tls.read_exact(&mut [0u8; 1]).await.unwrap();
+    }
 }
 
 /// A target on the HBONE server `server` at `port`.
@@ -608,7 +743,9 @@ criterion_group!(
 
 /// `HBONE_PROFILE_RTT=tls:N` or `hbone:N`: runs N 1 KiB round trips on one thread and exits,
 /// without criterion, so that `valgrind --tool=callgrind` can count the instructions each
-/// transport spends per round trip (see docs/performance.md).
+/// transport spends per round trip (see docs/performance.md); `open:N` opens and drops N
+/// tunnels on a warm connection instead, `cold:N` N cold tunnels, `handshake:N` N TCP + TLS
+/// handshakes each confirmed by a 1-byte round trip.
 fn profile_round_trips(spec: &str) {
     let (kind, n) = spec.split_once(':').expect("HBONE_PROFILE_RTT=KIND:COUNT");
     let n: usize = n.parse().expect("a round-trip count");
@@ -638,6 +775,35 @@ fn profile_round_trips(spec: &str) {
             )
             .unwrap();
             round_trips(&rt, &mut Some(tunnel), n);
+        }
+        "cold" => {
+            let (svid, bundles) = (pki.ca.issue(id(CLIENT)), Arc::new(pki.ca.bundle_set()));
+            rt.block_on(async {
+                for _ in 0..n {
+                    cold_open(&svid, &bundles, hbone_addr).await;
+                }
+            });
+        }
+        "handshake" => {
+            let config = Arc::new(pki.client_tls());
+            let addr = tls_echo_listener(rt.handle(), &pki);
+            rt.block_on(async {
+                for _ in 0..n {
+                    tls_handshake(&config, addr, true).await;
+                }
+            });
+        }
+        "open" => {
+            let client = pki.client();
+            drop(
+                setup(
+                    &rt,
+                    "first tunnel",
+                    client.open(target(hbone_addr, Peer::Echo)),
+                )
+                .unwrap(),
+            );
+            serial_opens(&rt, &client, hbone_addr, n);
         }
         other => panic!("unknown transport {other}"),
     }
@@ -684,8 +850,33 @@ fn main() {
         },
         Ratio {
             group: "tunnel_open",
+            subject: "warm",
+            baseline: "round_trip_1b",
+        },
+        Ratio {
+            group: "tunnel_open_1thread",
+            subject: "warm",
+            baseline: "round_trip_1b",
+        },
+        Ratio {
+            group: "tunnel_open",
             subject: "cold",
             baseline: "tls_handshake",
+        },
+        Ratio {
+            group: "tunnel_open",
+            subject: "cold",
+            baseline: "tls_handshake_rtt",
+        },
+        Ratio {
+            group: "tunnel_open_1thread",
+            subject: "cold",
+            baseline: "tls_handshake",
+        },
+        Ratio {
+            group: "tunnel_open_1thread",
+            subject: "cold",
+            baseline: "tls_handshake_rtt",
         },
         Ratio {
             group: "stalled_readers",

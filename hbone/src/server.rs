@@ -478,9 +478,6 @@ where
         let mut conn = tokio::time::timeout_at(preface_at, builder.handshake::<_, Bytes>(tls))
             .await
             .map_err(|_| Error::new(Kind::Timeout("HTTP/2 preface")))??;
-        // Until the first CONNECT arrives, or forever once it has.
-        let mut first_stream_at = Some(authenticated + self.config.first_stream_timeout);
-        let mut preface_at = Some(preface_at);
         let ping = conn.ping_pong();
         let alive = keepalive(
             ping,
@@ -489,19 +486,34 @@ where
         );
         let mut alive = std::pin::pin!(alive);
         let activity = Arc::new(Activity::new());
+        let idle_timeout = self.config.idle_timeout;
+        // The timers live as long as the loop: timers made anew on every pass were registered
+        // with the timer wheel and removed from it at every CONNECT (2% of a warm open).
+        // Armed until the first CONNECT arrives:
+        let first_stream =
+            tokio::time::sleep_until(authenticated + self.config.first_stream_timeout);
+        let mut first_stream = std::pin::pin!(first_stream);
+        let mut awaiting_first_stream = true;
+        // Armed until it has fired once, by when the client's SETTINGS must have come:
+        let preface = tokio::time::sleep_until(preface_at);
+        let mut preface = std::pin::pin!(preface);
+        let mut awaiting_preface = true;
+        // Fires at the earliest moment the connection can have been idle for the idle
+        // timeout; then it looks, and sets itself for the next such moment if not.
+        let idle = tokio::time::sleep_until(activity.idle_deadline(idle_timeout));
+        let mut idle = std::pin::pin!(idle);
         let mut draining = *drain.borrow();
         if draining {
             conn.graceful_shutdown();
         }
         loop {
-            let idle_at = activity.idle_deadline(self.config.idle_timeout);
             // Biased: the connection first, then its timers and the drain signal.
             tokio::select! {
                 biased;
                 next = conn.accept() => match next {
                     Some(Ok((request, respond))) => {
                         self.stats.streams.fetch_add(1, Ordering::Relaxed);
-                        first_stream_at = None;
+                        awaiting_first_stream = false;
                         let stream = Stream {
                             peer: peer.clone(),
                             source,
@@ -520,14 +532,14 @@ where
                     tracing::info!(%source, %peer, "HBONE client stopped answering PINGs; closing");
                     return Err(Error::new(Kind::Timeout("keepalive PING")));
                 }
-                () = sleep_until_opt(preface_at) => {
+                () = &mut preface, if awaiting_preface => {
                     if !preface_done.load(Ordering::Relaxed) {
                         tracing::debug!(%source, %peer, "no HTTP/2 SETTINGS in time; closing");
                         return Err(Error::new(Kind::Timeout("HTTP/2 preface")));
                     }
-                    preface_at = None;
+                    awaiting_preface = false;
                 }
-                () = sleep_until_opt(first_stream_at) => {
+                () = &mut first_stream, if awaiting_first_stream => {
                     tracing::debug!(%source, %peer, "no CONNECT in time; closing");
                     return Err(Error::new(Kind::Timeout("first CONNECT")));
                 }
@@ -535,22 +547,17 @@ where
                     draining = true;
                     conn.graceful_shutdown();
                 }
-                () = sleep_until_opt(idle_at), if !draining => {
-                    if activity.is_idle(self.config.idle_timeout) {
+                () = &mut idle, if !draining => {
+                    if activity.is_idle(idle_timeout) {
                         tracing::debug!(%source, "closing idle HBONE connection");
                         draining = true;
                         conn.graceful_shutdown();
+                    } else {
+                        idle.as_mut().reset(activity.idle_deadline(idle_timeout));
                     }
                 }
             }
         }
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -658,14 +665,14 @@ impl Activity {
         ActiveStream(self.clone())
     }
 
-    /// When the connection becomes idle if nothing happens, or `None` while streams are open.
-    fn idle_deadline(&self, timeout: Duration) -> Option<Instant> {
+    /// The earliest moment the connection can have been idle for `timeout`: one timeout
+    /// from now while streams are open, one after the last stream ended otherwise.
+    fn idle_deadline(&self, timeout: Duration) -> Instant {
         if self.active.load(Ordering::SeqCst) > 0 {
-            // Re-checked when the next request arrives or a stream ends (below, on wake-up).
-            return Some(Instant::now() + timeout);
+            return Instant::now() + timeout;
         }
         let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
-        Some(since + timeout)
+        since + timeout
     }
 
     fn is_idle(&self, timeout: Duration) -> bool {

@@ -172,6 +172,43 @@ async fn a_connection_the_server_closes_when_idle_leaves_the_pool() {
     assert_eq!(client.connections_opened(), 2);
 }
 
+/// In memory and on paused time: a connection whose tunnel stays open past the server's idle
+/// timeout is not idle; once the tunnel ends it is closed one idle timeout later, measured
+/// from the tunnel's end and not from when the server last looked.
+#[tokio::test(start_paused = true)]
+async fn the_server_idle_timeout_counts_from_the_last_tunnel_end() {
+    let pki = Pki::new();
+    let (stats, client) = in_memory(
+        &pki,
+        ServerConfig::default().with_idle_timeout(Duration::from_millis(200)),
+        echo_service(),
+        ClientConfig::default(),
+    );
+    let addr: SocketAddr = "127.0.0.1:15008".parse().unwrap();
+    let mut t = client
+        .open(target(addr, "127.0.0.1:1".parse().unwrap()))
+        .await
+        .unwrap();
+    // Busy for 650 ms: three idle periods and more, each looked at and found busy.
+    for _ in 0..13 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        t.write_all(b"x").await.unwrap();
+        let mut b = [0u8; 1];
+        t.read_exact(&mut b).await.unwrap();
+    }
+    assert_eq!(stats.connections_open(), 1, "busy connections stay");
+    drop(t);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        stats.connections_open(),
+        1,
+        "idle for 150 ms only: the timeout counts from the tunnel's end"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(stats.connections_open(), 0, "idle for 250 ms: closed");
+    assert_eq!(client.pooled_connections(), 0);
+}
+
 /// In memory and on paused time: the 200 ms idle timeout is exact.
 #[tokio::test(start_paused = true)]
 async fn idle_connections_are_closed_by_the_client() {
