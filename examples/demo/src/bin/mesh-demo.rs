@@ -45,6 +45,10 @@ struct Args {
     /// Requests per route.
     #[arg(long, default_value_t = 20)]
     requests: usize,
+    /// Worker threads of the runtime that runs the whole mesh (control plane, node proxies,
+    /// gateway, applications).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: u16,
     /// Address of the HTTP listener the control plane sends an Envoy gateway in LDS (default
     /// the control plane's, 0.0.0.0:8080).
     #[arg(long)]
@@ -146,7 +150,7 @@ struct Tally {
 fn main() -> ExitCode {
     meshkit_cli::init_logging_quiet();
     let args = Args::parse();
-    let result = meshkit_cli::runtime(2)
+    let result = meshkit_cli::runtime(usize::from(args.threads))
         .map_err(CliError::from)
         .and_then(|rt| rt.block_on(run(args)));
     match result {
