@@ -73,13 +73,7 @@ struct Ends {
 
 impl Ends {
     fn new() -> Self {
-        let current = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-        };
-        let server = current();
+        let server = current_thread();
         let handle = server.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
@@ -88,11 +82,19 @@ impl Ends {
             })
         });
         Self {
-            client: current(),
+            client: current_thread(),
             server: handle,
             _stop: stop,
         }
     }
+}
+
+/// A current-thread runtime with I/O and timers, as each end of every exchange runs on.
+fn current_thread() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Bound on each benchmark's setup (connects, handshakes, tunnel opens, a first transfer): a
@@ -420,10 +422,7 @@ fn bench_round_trip(c: &mut Criterion) {
     round_trip_group(c, "round_trip_1kib", &ends.client, &ends.server);
     // Both ends on one thread: no wake-ups across threads, so the figure is the CPU each
     // transport spends per round trip.
-    let one = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let one = current_thread();
     round_trip_group(c, "round_trip_1kib_1thread", &one, one.handle());
 }
 
@@ -446,29 +445,29 @@ fn round_trip_group(c: &mut Criterion, name: &str, rt: &Runtime, server: &Handle
     let mut g = c.benchmark_group(name);
     g.throughput(Throughput::Elements(1));
     g.bench_function("tcp", |b| {
-        b.iter_custom(|iters| round_trips(rt, &mut tcp, iters))
+        b.iter_custom(|iters| round_trips::<_, 1024>(rt, &mut tcp, iters))
     });
     g.bench_function("tls", |b| {
-        b.iter_custom(|iters| round_trips(rt, &mut tls, iters))
+        b.iter_custom(|iters| round_trips::<_, 1024>(rt, &mut tls, iters))
     });
     g.bench_function("hbone", |b| {
-        b.iter_custom(|iters| round_trips(rt, &mut hbone, iters))
+        b.iter_custom(|iters| round_trips::<_, 1024>(rt, &mut hbone, iters))
     });
     g.finish();
 }
 
-/// Times `iters` 1 KiB round trips made by a spawned task, as an application's connection
-/// handler makes them. (A future run by `block_on` itself would pay for an extra non-blocking
-/// `epoll_wait` each time another task wakes it, which no spawned task does.)
-fn round_trips<S>(rt: &Runtime, slot: &mut Option<S>, iters: u64) -> Duration
+/// Times `iters` round trips of `N` bytes made by a spawned task, as an application's
+/// connection handler makes them. (A future run by `block_on` itself would pay for an extra
+/// non-blocking `epoll_wait` each time another task wakes it, which no spawned task does.)
+fn round_trips<S, const N: usize>(rt: &Runtime, slot: &mut Option<S>, iters: u64) -> Duration
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut stream = slot.take().expect("stream returned by the previous run");
     let (stream, elapsed) = rt.block_on(async move {
         tokio::spawn(async move {
-            let msg = [7u8; 1024];
-            let mut buf = [0u8; 1024];
+            let msg = [7u8; N];
+            let mut buf = [0u8; N];
             let start = std::time::Instant::now();
             for _ in 0..iters {
                 ping(&mut stream, &msg, &mut buf).await;
@@ -530,39 +529,12 @@ fn burst_opens(rt: &Runtime, client: &Client, server: SocketAddr, iters: u64) ->
     })
 }
 
-/// Times `iters` 1-byte round trips on `tunnel` from a spawned task: the least an exchange on
-/// the tunnel's connection costs, the baseline of a warm open (one exchange on it too).
-fn byte_round_trips(
-    rt: &Runtime,
-    slot: &mut Option<meshkit_hbone::Tunnel>,
-    iters: u64,
-) -> Duration {
-    let mut tunnel = slot.take().expect("tunnel returned by the previous run");
-    let (tunnel, elapsed) = rt.block_on(async move {
-        tokio::spawn(async move {
-            let mut buf = [0u8; 1];
-            let start = std::time::Instant::now();
-            for _ in 0..iters {
-                ping(&mut tunnel, &[7], &mut buf).await;
-            }
-            (tunnel, start.elapsed())
-        })
-        .await
-        .unwrap()
-    });
-    *slot = Some(tunnel);
-    elapsed
-}
-
 fn bench_open(c: &mut Criterion) {
     let ends = Ends::new();
     open_group(c, "tunnel_open", &ends.client, &ends.server);
     // Both ends on one thread: no wake-ups across threads, so the figures are the CPU a warm
     // open costs, the two ends together.
-    let one = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let one = current_thread();
     open_group(c, "tunnel_open_1thread", &one, one.handle());
 }
 
@@ -588,8 +560,10 @@ fn open_group(c: &mut Criterion, name: &str, rt: &Runtime, handle: &Handle) {
     g.bench_function("warm", |b| {
         b.iter_custom(|iters| serial_opens(rt, &warm, server, iters))
     });
+    // The least an exchange on an HBONE connection costs, the baseline of a warm open (one
+    // exchange too).
     g.bench_function("round_trip_1b", |b| {
-        b.iter_custom(|iters| byte_round_trips(rt, &mut tunnel, iters))
+        b.iter_custom(|iters| round_trips::<_, 1>(rt, &mut tunnel, iters))
     });
     g.throughput(Throughput::Elements(BURST as u64));
     g.bench_function("warm_x100", |b| {
@@ -759,10 +733,7 @@ criterion_group!(
 fn profile_round_trips(spec: &str) {
     let (kind, n) = spec.split_once(':').expect("HBONE_PROFILE_RTT=KIND:COUNT");
     let n: usize = n.parse().expect("a round-trip count");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread();
     let pki = Pki::new();
     let tls_addr = tls_server(rt.handle(), &pki, Peer::Echo, false);
     let hbone_addr = hbone_server(rt.handle(), &pki);
@@ -774,7 +745,7 @@ fn profile_round_trips(spec: &str) {
                 "TLS connect",
                 tls_connect(&pki, tls_addr, false, |s| s),
             );
-            round_trips(&rt, &mut Some(tls), n);
+            round_trips::<_, 1024>(&rt, &mut Some(tls), n);
         }
         "hbone" => {
             let client = pki.client();
@@ -784,7 +755,7 @@ fn profile_round_trips(spec: &str) {
                 client.open(target(hbone_addr, Peer::Echo)),
             )
             .unwrap();
-            round_trips(&rt, &mut Some(tunnel), n);
+            round_trips::<_, 1024>(&rt, &mut Some(tunnel), n);
         }
         "cold" => {
             let (svid, bundles) = (pki.ca.issue(id(CLIENT)), Arc::new(pki.ca.bundle_set()));
