@@ -17,7 +17,7 @@ use meshkit_identity::{
     TrustBundleSet, X509Svid,
 };
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -26,6 +26,7 @@ use tower_service::Service;
 
 use crate::config::H2Settings;
 use crate::error::{Error, Kind};
+use crate::io::FinalFlight;
 use crate::keepalive::keepalive;
 use crate::rt::{Exec, Executor};
 use crate::tunnel::Tunnel;
@@ -651,10 +652,20 @@ impl<C: Connect> Client<C> {
         .map_err(|e| Error::new(Kind::Connect(e)))?;
         let name = ServerName::IpAddress(target.peer.ip().into());
         let handshake = async {
-            let mut tls = TlsConnector::from(tls)
-                .connect(name, BufReader::with_capacity(crate::TLS_READ_BUFFER, io))
+            let io = BufReader::with_capacity(crate::TLS_READ_BUFFER, FinalFlight::new(io));
+            let mut tls = match TlsConnector::from(tls)
+                .connect(name, io)
+                .into_fallible()
                 .await
-                .map_err(Error::from_tls)?;
+            {
+                Ok(tls) => tls,
+                Err((e, mut io)) => {
+                    // The alert telling the server why is among what the layer held.
+                    io.get_mut().release();
+                    let _ = io.flush().await;
+                    return Err(Error::from_tls(e));
+                }
+            };
             tls.get_mut()
                 .1
                 .set_buffer_limit(Some(crate::TLS_WRITE_BUFFER));

@@ -266,6 +266,82 @@ async fn wrong_server_identity_fails_with_a_typed_error() {
     assert_eq!(source.to_string(), cause);
 }
 
+/// A server that takes only P-256 key shares answers the client's X25519 one with a
+/// HelloRetryRequest: the client's second ClientHello (after a ChangeCipherSpec) must go out at
+/// once, not be held with the final flight, or the handshake would wait for its timeout.
+#[tokio::test]
+async fn a_hello_retry_request_is_answered_at_once() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let p256_only = rustls::crypto::CryptoProvider {
+        kx_groups: vec![rustls::crypto::ring::kx_group::SECP256R1],
+        ..rustls::crypto::ring::default_provider()
+    };
+    let tls = meshkit_identity::TlsSettings::default()
+        .with_provider(Arc::new(p256_only))
+        .server_config(
+            pki.ca.issue(id(SERVER)),
+            meshkit_identity::SpiffeVerifier::new(pki.ca.bundle_set(), Authorize::AnyTrusted),
+        )
+        .unwrap();
+    let server = Server::new(
+        ServerConfig::default(),
+        SingleIdentity::new(tls),
+        Forward::new(),
+    );
+    tokio::spawn(server.serve(listener));
+    let client = pki.client(
+        CLIENT,
+        ClientConfig::default().with_timeouts(
+            Duration::from_secs(5),
+            Duration::from_secs(2),
+            Duration::from_secs(5),
+        ),
+    );
+    let tunnel = client.open(target(addr, backend)).await.unwrap();
+    assert_eq!(round_trip(tunnel, b"after a retry").await, b"after a retry");
+}
+
+/// The client holds its last handshake flight back to send it with the HTTP/2 preface; when it
+/// refuses the server instead, the alert saying so must still reach the server.
+#[tokio::test]
+async fn a_refused_server_hears_the_clients_alert() {
+    let pki = Pki::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(
+        pki.server_tls(SERVER, Authorize::Exact(id(CLIENT))),
+    ));
+    let accepted = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        acceptor.accept(socket).await.map(drop)
+    });
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let expected_other = Target::new(
+        addr,
+        "127.0.0.1:1".parse().unwrap(),
+        id(CLIENT),
+        id("spiffe://cluster.local/ns/shop/sa/cache"),
+    );
+    let err = client.open(expected_other).await.unwrap_err();
+    assert!(err.is_peer_identity(), "{err}");
+    let server_err = tokio::time::timeout(Duration::from_secs(5), accepted)
+        .await
+        .expect("the server learns of the refusal at once")
+        .unwrap()
+        .expect_err("the handshake failed");
+    let inner = server_err
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+        .unwrap_or_else(|| panic!("not a TLS error: {server_err}"));
+    assert!(
+        matches!(inner, rustls::Error::AlertReceived(_)),
+        "the server saw {inner:?}, not the client's alert"
+    );
+}
+
 #[tokio::test]
 async fn unauthorized_client_is_refused_by_the_server() {
     let pki = Pki::new();
