@@ -141,9 +141,10 @@ impl Held {
         Some(n)
     }
 
-    /// Whether a flush is to be passed over (and counts it).
+    /// Whether a flush is to be passed over (and counts it); never once a release has begun,
+    /// which a flush then finishes.
     fn pass_over(&mut self) -> bool {
-        if self.holding && self.skip > 0 {
+        if self.holding && self.sent == 0 && self.skip > 0 {
             self.skip -= 1;
             return true;
         }
