@@ -279,13 +279,11 @@ async fn a_hello_retry_request_is_answered_at_once() {
         kx_groups: vec![rustls::crypto::ring::kx_group::SECP256R1],
         ..rustls::crypto::ring::default_provider()
     };
-    let tls = meshkit_identity::TlsSettings::default()
-        .with_provider(Arc::new(p256_only))
-        .server_config(
-            pki.ca.issue(id(SERVER)),
-            meshkit_identity::SpiffeVerifier::new(pki.ca.bundle_set(), Authorize::AnyTrusted),
-        )
-        .unwrap();
+    let tls = pki.server_tls_with(
+        meshkit_identity::TlsSettings::default().with_provider(Arc::new(p256_only)),
+        SERVER,
+        Authorize::AnyTrusted,
+    );
     let server = Server::new(
         ServerConfig::default(),
         SingleIdentity::new(tls),

@@ -36,7 +36,17 @@ impl Pki {
 
     /// A server TLS config for `me` that admits clients `allow` admits.
     pub fn server_tls(&self, me: &str, allow: Authorize) -> rustls::ServerConfig {
-        TlsSettings::default()
+        self.server_tls_with(TlsSettings::default(), me, allow)
+    }
+
+    /// As [`Pki::server_tls`], from `settings` (another crypto provider, say).
+    pub fn server_tls_with(
+        &self,
+        settings: TlsSettings,
+        me: &str,
+        allow: Authorize,
+    ) -> rustls::ServerConfig {
+        settings
             .server_config(
                 self.ca.issue(id(me)),
                 SpiffeVerifier::new(self.ca.bundle_set(), allow),
