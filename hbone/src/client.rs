@@ -651,8 +651,10 @@ impl<C: Connect> Client<C> {
         .map_err(|_| Error::new(Kind::Timeout("connect")))?
         .map_err(|e| Error::new(Kind::Connect(e)))?;
         let name = ServerName::IpAddress(target.peer.ip().into());
+        let flight = FinalFlight::new(io);
+        let cork = flight.cork();
         let handshake = async {
-            let io = BufReader::with_capacity(crate::TLS_READ_BUFFER, FinalFlight::new(io));
+            let io = BufReader::with_capacity(crate::TLS_READ_BUFFER, flight);
             let mut tls = match TlsConnector::from(tls)
                 .connect(name, io)
                 .into_fallible()
@@ -687,6 +689,8 @@ impl<C: Connect> Client<C> {
             idle_since: Mutex::new(Instant::now()),
         });
         let driver_state = state.clone();
+        let conn = Arc::new(Conn { send, state });
+        let pooled = Arc::downgrade(&conn);
         let (interval, timeout, idle) = (
             config.h2.keepalive_interval,
             config.h2.keepalive_timeout,
@@ -703,7 +707,15 @@ impl<C: Connect> Client<C> {
                 // Biased: the connection first, the timers after; no random start per poll.
                 tokio::select! {
                     biased;
-                    result = &mut connection => {
+                    // Corked: what one poll of the connection writes leaves in one write.
+                    // Once the pool has let go of the connection and no tunnel is left, h2
+                    // resets the last stream in one poll and sends GOAWAY in the next, which
+                    // the cork then makes one poll.
+                    result = std::future::poll_fn(|cx| {
+                        let closing = pooled.strong_count() == 0
+                            && driver_state.active.load(Ordering::SeqCst) == 0;
+                        cork.poll(&mut connection, cx, closing)
+                    }) => {
                         if let Err(e) = result {
                             tracing::debug!(%peer, error = %e, "HBONE connection failed");
                         }
@@ -727,7 +739,7 @@ impl<C: Connect> Client<C> {
                 }
             }
         });
-        Ok(Arc::new(Conn { send, state }))
+        Ok(conn)
     }
 
     async fn open_stream(&self, conn: &Conn, slot: Slot, target: &Target) -> Result<Tunnel, Error> {

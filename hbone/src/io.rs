@@ -3,10 +3,11 @@
 //! the client, a layer under TLS that sends its last handshake flight together with the
 //! HTTP/2 preface. Both ends hold their first writes back to send them in one system call.
 
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -101,11 +102,28 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for LazyReadBuffer<IO> {
 /// The most bytes a connection holds back for [`Held`]; past it, they go out at once.
 const HOLD_LIMIT: usize = 16 * 1024;
 
+/// The largest write a [`Cork`] holds to the end of its poll: frames such as SETTINGS ACK,
+/// WINDOW_UPDATE, PING, RST_STREAM and GOAWAY, and close_notify, each a record of well under
+/// this. Larger writes (DATA) go out at once, with what is held in front of them in the same
+/// system call, so the data path copies nothing into the hold.
+const CORK_SMALL: usize = 1024;
+
+/// The most buffers one write passes to the transport: what is held and 63 of the caller's
+/// (rustls writes at most 64 records at a time).
+const MAX_SLICES: usize = 64;
+
 /// Writes held back so that they leave with the next ones, in one system call and (above
-/// TLS) one record: at the start of a connection, where each flight of a few frames would
-/// otherwise be a write of its own. Holding passes over `skip` flushes; the next flush, a
-/// shutdown, or more than [`HOLD_LIMIT`] bytes send what is held, and from then on every
-/// write goes straight through.
+/// TLS) one record.
+///
+/// Two kinds of holding:
+/// - At the start of a connection (`holding`), where each flight of a few frames would
+///   otherwise be a write of its own. Holding passes over `skip` flushes; the next flush, a
+///   shutdown, or more than [`HOLD_LIMIT`] bytes send what is held, and from then on it stops.
+/// - While `corked` (a [`Cork`] polls the connection), writes of up to [`CORK_SMALL`] bytes
+///   wait and flushes are passed over; the cork sends what is held when its poll ends, so
+///   frames that one poll of the connection writes one flush at a time leave together.
+///
+/// A write that is not held goes out behind what is, in one vectored write.
 #[derive(Debug, Default)]
 struct Held {
     buf: Vec<u8>,
@@ -114,6 +132,10 @@ struct Held {
     /// Flushes still to pass over.
     skip: u8,
     holding: bool,
+    /// Inside a [`Cork`]'s poll.
+    corked: bool,
+    /// A flush passed over while corked, owed to the transport when the poll ends.
+    flush_owed: bool,
 }
 
 impl Held {
@@ -125,14 +147,12 @@ impl Held {
         }
     }
 
-    /// Takes `bufs` into the held bytes if this is still holding and they fit; `None` when
-    /// they are to be written through.
+    /// Takes `bufs` into the held bytes if they are to wait and fit; `None` when they are to
+    /// be written through.
     fn take(&mut self, bufs: &[IoSlice<'_>]) -> Option<usize> {
-        if !self.holding {
-            return None;
-        }
         let n: usize = bufs.iter().map(|b| b.len()).sum();
-        if self.buf.len() + n > HOLD_LIMIT {
+        let waits = self.holding || (self.corked && n <= CORK_SMALL);
+        if !waits || self.buf.len() + n > HOLD_LIMIT {
             return None;
         }
         for b in bufs {
@@ -141,17 +161,36 @@ impl Held {
         Some(n)
     }
 
-    /// Whether a flush is to be passed over (and counts it); never once a release has begun,
-    /// which a flush then finishes.
+    /// Whether a flush is to be passed over (and counts it). While holding, never once a
+    /// release has begun, which a flush then finishes.
     fn pass_over(&mut self) -> bool {
-        if self.holding && self.sent == 0 && self.skip > 0 {
-            self.skip -= 1;
+        if self.holding {
+            if self.sent == 0 && self.skip > 0 {
+                self.skip -= 1;
+                return true;
+            }
+            return false;
+        }
+        if self.corked {
+            self.flush_owed = true;
             return true;
         }
         false
     }
 
-    /// Writes what is held to `io` and stops holding.
+    /// All of `buf` has been written: empty it, and stop holding.
+    fn released(&mut self) {
+        if self.holding {
+            // The start of a connection is over: give its buffer back.
+            self.holding = false;
+            self.buf = Vec::new();
+        } else {
+            self.buf.clear();
+        }
+        self.sent = 0;
+    }
+
+    /// Writes what is held to `io`, and stops holding.
     fn poll_release<IO: AsyncWrite + Unpin>(
         &mut self,
         io: &mut IO,
@@ -164,11 +203,7 @@ impl Held {
             }
             self.sent += n;
         }
-        if self.holding {
-            self.holding = false;
-            self.buf = Vec::new();
-            self.sent = 0;
-        }
+        self.released();
         Poll::Ready(Ok(()))
     }
 
@@ -181,8 +216,29 @@ impl Held {
         if let Some(n) = self.take(bufs) {
             return Poll::Ready(Ok(n));
         }
-        // Not holding, or too much to hold: what is held goes first.
-        ready!(self.poll_release(io, cx))?;
+        // Not to be held, or too much to hold: what is held goes first, in the same write.
+        while self.sent < self.buf.len() {
+            let rest = self.buf.len() - self.sent;
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            slices[0] = IoSlice::new(&self.buf[self.sent..]);
+            let k = bufs.len().min(MAX_SLICES - 1);
+            slices[1..=k].copy_from_slice(&bufs[..k]);
+            let n = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..=k]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            if n < rest {
+                self.sent += n;
+                continue;
+            }
+            self.released();
+            if n > rest {
+                return Poll::Ready(Ok(n - rest));
+            }
+        }
+        if self.holding {
+            self.released();
+        }
         Pin::new(io).poll_write_vectored(cx, bufs)
     }
 
@@ -216,6 +272,21 @@ impl Held {
         ready!(self.poll_release(io, cx))?;
         Pin::new(io).poll_shutdown(cx)
     }
+
+    /// Ends a [`Cork`]'s poll: sends what is held and the flushes passed over.
+    fn poll_uncork<IO: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut IO,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.corked = false;
+        ready!(self.poll_release(io, cx))?;
+        if self.flush_owed {
+            ready!(Pin::new(io).poll_flush(cx))?;
+            self.flush_owed = false;
+        }
+        Poll::Ready(Ok(()))
+    }
 }
 
 /// The outer content type of every encrypted TLS 1.3 record.
@@ -247,47 +318,120 @@ fn has_encrypted_record(bufs: &[IoSlice<'_>]) -> bool {
     false
 }
 
-/// The client's transport under TLS: its last handshake flight (ChangeCipherSpec and the
-/// encrypted Certificate, CertificateVerify and Finished) is held and goes out with the
-/// HTTP/2 connection preface and first frames, in one write instead of three.
+/// The client's transport under TLS. It groups the client's writes into fewer system calls:
 ///
-/// Until then writes go through: plaintext handshake records and alerts (a ClientHello, a
-/// second one after a HelloRetryRequest). The first write of another record type (the last
-/// flight: TLS 1.3 encrypts everything the client sends after the server's hello) starts
-/// holding; the flush that ends the handshake is passed over, and the next one, HTTP/2's
-/// first, sends all of it. A handshake that fails calls [`FinalFlight::release`] and flushes,
-/// so that the alert explaining the failure still reaches the server.
+/// - Its last handshake flight (ChangeCipherSpec and the encrypted Certificate,
+///   CertificateVerify and Finished) is held and goes out with the HTTP/2 connection preface
+///   and first frames, in one write instead of three. Until then writes go through:
+///   plaintext handshake records and alerts (a ClientHello, a second one after a
+///   HelloRetryRequest). The first write of another record type (the last flight: TLS 1.3
+///   encrypts everything the client sends after the server's hello) starts holding; the flush
+///   that ends the handshake is passed over, and the next one, HTTP/2's first, sends all of
+///   it. A handshake that fails calls [`FinalFlight::release`] and flushes, so that the alert
+///   explaining the failure still reaches the server.
+/// - After that, while the connection's driver polls the connection through the layer's
+///   [`Cork`], small records wait for the end of that poll: h2 flushes after each step of a
+///   poll, so the RST_STREAM, GOAWAY and close_notify of a closing connection, or a
+///   WINDOW_UPDATE and the DATA after it, would otherwise be a write each.
+///
+/// The layer and its cork share the transport behind a mutex that only the driver's task
+/// takes, so it is never contended.
 #[derive(Debug)]
 pub(crate) struct FinalFlight<IO> {
+    shared: Arc<Mutex<Flight<IO>>>,
+}
+
+#[derive(Debug)]
+struct Flight<IO> {
     io: IO,
     held: Held,
     /// Still looking for the final flight's first write.
     armed: bool,
+    /// Where the send at the end of a cork's poll failed: the next write, flush or shutdown
+    /// reports it, so that h2 sees the transport's error as its own.
+    failed: Option<io::Error>,
+}
+
+impl<IO> Flight<IO> {
+    fn failed(&mut self) -> io::Result<()> {
+        self.failed.take().map_or(Ok(()), Err)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl<IO> FinalFlight<IO> {
     pub(crate) fn new(io: IO) -> Self {
-        Self {
+        let flight = Flight {
             io,
             held: Held::default(),
             armed: true,
+            failed: None,
+        };
+        Self {
+            shared: Arc::new(Mutex::new(flight)),
         }
     }
 
     /// Sends what is held at the next flush.
     pub(crate) fn release(&mut self) {
-        self.armed = false;
-        self.held.skip = 0;
+        let mut flight = lock(&self.shared);
+        flight.armed = false;
+        flight.held.skip = 0;
+    }
+
+    /// The handle through which the connection's driver polls the connection.
+    pub(crate) fn cork(&self) -> Cork<IO> {
+        Cork {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Polls a client connection with its small writes held to the end of the poll (see
+/// [`FinalFlight`]), then sends them in one write.
+#[derive(Debug)]
+pub(crate) struct Cork<IO> {
+    shared: Arc<Mutex<Flight<IO>>>,
+}
+
+impl<IO: AsyncWrite + Unpin> Cork<IO> {
+    /// Polls `connection` once, corked; `twice` when it is closing, and a poll that finds its
+    /// last stream gone leaves the GOAWAY to the next (h2 wakes itself for it).
+    pub(crate) fn poll<F: Future + Unpin>(
+        &self,
+        connection: &mut F,
+        cx: &mut Context<'_>,
+        twice: bool,
+    ) -> Poll<F::Output> {
+        lock(&self.shared).held.corked = true;
+        let mut connection = Pin::new(connection);
+        let mut out = connection.as_mut().poll(cx);
+        if twice && out.is_pending() {
+            out = connection.poll(cx);
+        }
+        let mut flight = lock(&self.shared);
+        let Flight {
+            io, held, failed, ..
+        } = &mut *flight;
+        // Pending: the transport wakes this task when it takes more, and the next poll sends
+        // the rest first.
+        if let Poll::Ready(Err(e)) = held.poll_uncork(io, cx) {
+            *failed = Some(e);
+        }
+        out
     }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for FinalFlight<IO> {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        Pin::new(&mut lock(&self.shared).io).poll_read(cx, buf)
     }
 }
 
@@ -301,11 +445,13 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FinalFlight<IO> {
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
+        let mut flight = lock(&self.shared);
+        flight.failed()?;
+        let this = &mut *flight;
         if this.armed {
             if !has_encrypted_record(bufs) {
                 let total: usize = bufs.iter().map(|b| b.len()).sum();
@@ -317,7 +463,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FinalFlight<IO> {
                 return Poll::Ready(Ok(n));
             }
             this.armed = false;
+            let corked = this.held.corked;
             this.held = Held::holding(1);
+            this.held.corked = corked;
         }
         this.held.poll_write(&mut this.io, cx, bufs)
     }
@@ -326,13 +474,17 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FinalFlight<IO> {
         true
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut flight = lock(&self.shared);
+        flight.failed()?;
+        let this = &mut *flight;
         this.held.poll_flush(&mut this.io, cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut flight = lock(&self.shared);
+        flight.failed()?;
+        let this = &mut *flight;
         this.held.poll_shutdown(&mut this.io, cx)
     }
 }
@@ -558,6 +710,9 @@ mod tests {
     struct Recorder {
         writes: Vec<Vec<u8>>,
         flushes: usize,
+        shutdowns: usize,
+        /// Every write fails, as on a connection the peer has reset.
+        broken: bool,
     }
 
     impl AsyncRead for Recorder {
@@ -572,12 +727,30 @@ mod tests {
 
     impl AsyncWrite for Recorder {
         fn poll_write(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
             buf: &[u8],
         ) -> Poll<io::Result<usize>> {
-            self.writes.push(buf.to_vec());
-            Poll::Ready(Ok(buf.len()))
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+        }
+
+        /// Takes all of `bufs` as one write, as a socket with room does.
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            if self.broken {
+                return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+            }
+            let write: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            let n = write.len();
+            self.writes.push(write);
+            Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
         }
 
         fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -585,9 +758,15 @@ mod tests {
             Poll::Ready(Ok(()))
         }
 
-        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        fn poll_shutdown(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.shutdowns += 1;
             Poll::Ready(Ok(()))
         }
+    }
+
+    /// What the transport under `io` has been given, one entry per write call.
+    fn writes(io: &FinalFlight<Recorder>) -> Vec<Vec<u8>> {
+        lock(&io.shared).io.writes.clone()
     }
 
     fn record(kind: u8, len: usize) -> Vec<u8> {
@@ -607,26 +786,26 @@ mod tests {
         let retry = [record(20, 1), hello.clone()].concat();
         io.write_all(&retry).await.unwrap();
         io.flush().await.unwrap();
-        assert_eq!(io.io.writes, [hello.clone(), retry]);
+        assert_eq!(writes(&io), [hello.clone(), retry]);
         // The last flight (ChangeCipherSpec first) is held through the handshake's flush.
         let mut flight = record(20, 1);
         flight.extend(record(23, 600));
         io.write_all(&flight).await.unwrap();
         io.flush().await.unwrap();
-        assert_eq!(io.io.writes.len(), 2);
+        assert_eq!(writes(&io).len(), 2);
         // The preface, written without a flush, joins it; HTTP/2's first flush sends both.
         let preface = record(23, 24);
         let settings = record(23, 74);
         io.write_all(&preface).await.unwrap();
         io.write_all(&settings).await.unwrap();
-        assert_eq!(io.io.writes.len(), 2);
+        assert_eq!(writes(&io).len(), 2);
         io.flush().await.unwrap();
         let together = [flight.clone(), preface, settings].concat();
-        assert_eq!(io.io.writes[2..], [together]);
+        assert_eq!(writes(&io)[2..], [together]);
         // From then on writes go straight through.
         let data = record(23, 1000);
         io.write_all(&data).await.unwrap();
-        assert_eq!(io.io.writes[3..], [data]);
+        assert_eq!(writes(&io)[3..], [data]);
     }
 
     #[tokio::test]
@@ -637,20 +816,117 @@ mod tests {
         io.write_all(&alert).await.unwrap();
         io.release();
         io.flush().await.unwrap();
-        assert_eq!(io.io.writes, std::slice::from_ref(&alert));
+        assert_eq!(writes(&io), std::slice::from_ref(&alert));
 
-        // More than the limit: what is held goes first, then the rest, in order.
+        // More than the limit: what is held goes first, in the same write as the rest.
         let mut io = FinalFlight::new(Recorder::default());
         let big = record(23, HOLD_LIMIT);
         io.write_all(&alert).await.unwrap();
         io.write_all(&big).await.unwrap();
-        assert_eq!(io.io.writes, [alert.clone(), big]);
+        assert_eq!(writes(&io), [[alert.clone(), big].concat()]);
 
         // A shutdown sends what is held before it.
         let mut io = FinalFlight::new(Recorder::default());
         io.write_all(&alert).await.unwrap();
         io.shutdown().await.unwrap();
-        assert_eq!(io.io.writes, [alert]);
+        assert_eq!(writes(&io), [alert]);
+    }
+
+    /// A client transport past its handshake, as the driver finds it.
+    fn connected() -> FinalFlight<Recorder> {
+        let mut io = FinalFlight::new(Recorder::default());
+        io.release();
+        io
+    }
+
+    /// Polls `io`'s cork once around `steps`, which writes as one poll of h2 would.
+    fn corked_poll(
+        io: &mut FinalFlight<Recorder>,
+        mut steps: impl FnMut(&mut FinalFlight<Recorder>, &mut Context<'_>),
+    ) {
+        let cork = io.cork();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let mut connection = poll_fn(|cx| {
+            steps(&mut *io, cx);
+            Poll::<()>::Pending
+        });
+        assert!(cork.poll(&mut connection, &mut cx, false).is_pending());
+    }
+
+    fn write_and_flush(io: &mut FinalFlight<Recorder>, cx: &mut Context<'_>, bytes: &[u8]) {
+        let mut io = Pin::new(io);
+        assert!(
+            matches!(io.as_mut().poll_write(cx, bytes), Poll::Ready(Ok(n)) if n == bytes.len())
+        );
+        assert!(matches!(io.poll_flush(cx), Poll::Ready(Ok(()))));
+    }
+
+    #[test]
+    fn one_poll_of_the_connection_is_one_write() {
+        // h2 closing a connection: the stream's reset, GOAWAY, then close_notify and the
+        // shutdown, each flushed, all in one poll.
+        let (reset, goaway, close_notify) = (record(23, 30), record(23, 34), record(23, 19));
+        let mut io = connected();
+        corked_poll(&mut io, |io, cx| {
+            write_and_flush(io, cx, &reset);
+            write_and_flush(io, cx, &goaway);
+            assert_eq!(lock(&io.shared).io.writes.len(), 0, "held while corked");
+            assert!(matches!(
+                Pin::new(&mut *io).poll_write(cx, &close_notify),
+                Poll::Ready(Ok(_))
+            ));
+            assert!(matches!(
+                Pin::new(&mut *io).poll_shutdown(cx),
+                Poll::Ready(Ok(()))
+            ));
+        });
+        let flight = lock(&io.shared);
+        assert_eq!(flight.io.writes, [[reset, goaway, close_notify].concat()]);
+        assert_eq!(flight.io.shutdowns, 1);
+    }
+
+    #[test]
+    fn a_cork_sends_at_the_end_of_its_poll_and_holds_no_data() {
+        let (update, ack) = (record(23, 17), record(23, 9));
+        let data = record(23, 4000);
+        let mut io = connected();
+        corked_poll(&mut io, |io, cx| {
+            // Small records wait; a large one leaves at once, behind them, in one write.
+            write_and_flush(io, cx, &update);
+            write_and_flush(io, cx, &data);
+            assert_eq!(
+                lock(&io.shared).io.writes,
+                [[update.clone(), data.clone()].concat()]
+            );
+            write_and_flush(io, cx, &ack);
+        });
+        // What is still held when the poll ends goes out then, with the flush it owed.
+        let flight = lock(&io.shared);
+        assert_eq!(flight.io.writes[1..], *std::slice::from_ref(&ack));
+        assert_eq!(flight.io.flushes, 1);
+        drop(flight);
+        // Outside a cork's poll writes and flushes go straight through.
+        let waker = std::task::Waker::noop();
+        write_and_flush(&mut io, &mut Context::from_waker(waker), &ack);
+        let flight = lock(&io.shared);
+        assert_eq!((flight.io.writes.len(), flight.io.flushes), (3, 2));
+    }
+
+    #[test]
+    fn a_failed_send_at_the_end_of_a_poll_is_reported_next() {
+        let mut io = connected();
+        corked_poll(&mut io, |io, cx| {
+            lock(&io.shared).io.broken = true;
+            write_and_flush(io, cx, &record(23, 20));
+        });
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let flushed = Pin::new(&mut io).poll_flush(&mut cx);
+        assert!(
+            matches!(&flushed, Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::ConnectionReset),
+            "{flushed:?}"
+        );
     }
 
     fn frames(io: Recorder) -> Frames<Recorder> {

@@ -832,3 +832,144 @@ async fn handshake_timeout_and_garbage_never_take_the_server_down() {
     .await;
     assert_eq!(server.stats.handshake_failures(), 2);
 }
+
+/// TCP whose sockets count the writes and shutdowns they are given.
+#[derive(Clone, Default)]
+struct Counted(Arc<Counts>);
+
+#[derive(Default)]
+struct Counts {
+    writes: std::sync::atomic::AtomicUsize,
+    shutdowns: std::sync::atomic::AtomicUsize,
+}
+
+impl Counts {
+    fn writes(&self) -> usize {
+        self.writes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+struct CountedIo {
+    io: TcpStream,
+    counts: Arc<Counts>,
+}
+
+impl meshkit_hbone::Connect for Counted {
+    type Io = CountedIo;
+
+    fn connect(
+        &self,
+        addr: SocketAddr,
+    ) -> meshkit_hbone::BoxFuture<'static, std::io::Result<CountedIo>> {
+        let counts = self.0.clone();
+        Box::pin(async move {
+            let io = meshkit_hbone::TcpConnector.connect(addr).await?;
+            Ok(CountedIo { io, counts })
+        })
+    }
+}
+
+impl tokio::io::AsyncRead for CountedIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountedIo {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.poll_write_vectored(cx, &[std::io::IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let written = std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if written.is_ready() {
+            self.counts
+                .writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.counts
+            .shutdowns
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// A client closing its connection with a tunnel still open writes the tunnel's reset, GOAWAY
+/// and close_notify, which h2 flushes one at a time in one poll, in one system call; the data
+/// before them is all there.
+#[tokio::test]
+async fn a_closing_connection_sends_its_last_frames_in_one_write() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    let server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    let counted = Counted::default();
+    let client = Client::with_connector(
+        ClientConfig::default(),
+        counted.clone(),
+        pki.ca.issue(id(CLIENT)),
+        pki.ca.bundle_set(),
+    );
+    let tunnel = client.open(target(server.addr, backend)).await.unwrap();
+
+    // 1 MiB each way, both at once: DATA and WINDOW_UPDATE through the corked writes.
+    let payload: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let (mut r, mut w) = tokio::io::split(tunnel);
+    let mut echoed = vec![0; payload.len()];
+    within("1 MiB echoed", async {
+        tokio::join!(async { w.write_all(&payload).await.unwrap() }, async {
+            r.read_exact(&mut echoed).await.unwrap()
+        },)
+    })
+    .await;
+    assert!(echoed == payload, "the echo differs from what was sent");
+    let tunnel = r.unsplit(w);
+    // Let the connection go quiet (the last WINDOW_UPDATEs).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let before = counted.0.writes();
+    drop(tunnel);
+    drop(client);
+    wait_until("the client's side shut down", || {
+        counted
+            .0
+            .shutdowns
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 1
+    })
+    .await;
+    assert_eq!(
+        counted.0.writes() - before,
+        1,
+        "RST_STREAM, GOAWAY and close_notify in one write"
+    );
+}
