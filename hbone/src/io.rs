@@ -1,7 +1,8 @@
 //! The I/O layers around TLS: on the server, a read buffer under TLS that costs nothing until
 //! the handshake is done and a frame watcher above it that sees the HTTP/2 frames go by; on
 //! the client, a layer under TLS that sends its last handshake flight together with the
-//! HTTP/2 preface. Both ends hold their first writes back to send them in one system call.
+//! HTTP/2 preface, and afterwards sends what one poll of the connection writes in one system
+//! call. Both ends hold their first writes back to send them in one system call.
 
 use std::future::Future;
 use std::io::{self, IoSlice};
