@@ -1,8 +1,9 @@
 //! The I/O layers around TLS: on the server, a read buffer under TLS that costs nothing until
 //! the handshake is done and a frame watcher above it that sees the HTTP/2 frames go by; on
 //! the client, a layer under TLS that sends its last handshake flight together with the
-//! HTTP/2 preface, and afterwards sends what one poll of the connection writes in one system
-//! call. Both ends hold their first writes back to send them in one system call.
+//! HTTP/2 preface. Both ends hold their first writes back to send them in one system call,
+//! and afterwards send the small writes of one poll of the connection in one (on the server,
+//! above TLS, in one record too).
 
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -391,8 +392,8 @@ impl<IO> FinalFlight<IO> {
     }
 }
 
-/// Polls a client connection with its small writes held to the end of the poll (see
-/// [`FinalFlight`]), then sends them in one write.
+/// Polls a connection with its small writes held to the end of the poll (see
+/// [`FinalFlight`] on the client and [`Frames`] on the server), then sends them in one write.
 #[derive(Debug)]
 pub(crate) struct Cork<IO> {
     shared: Arc<Mutex<Flight<IO>>>,
@@ -407,12 +408,25 @@ impl<IO: AsyncWrite + Unpin> Cork<IO> {
         cx: &mut Context<'_>,
         twice: bool,
     ) -> Poll<F::Output> {
+        self.poll_with(cx, |cx| {
+            let mut connection = Pin::new(connection);
+            let out = connection.as_mut().poll(cx);
+            if twice && out.is_pending() {
+                return connection.poll(cx);
+            }
+            out
+        })
+    }
+
+    /// Runs `poll`, one poll of the connection, corked: the small writes it makes leave
+    /// together when it returns.
+    pub(crate) fn poll_with<T>(
+        &self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
         lock(&self.shared).held.corked = true;
-        let mut connection = Pin::new(connection);
-        let mut out = connection.as_mut().poll(cx);
-        if twice && out.is_pending() {
-            out = connection.poll(cx);
-        }
+        let out = poll(cx);
         let mut flight = lock(&self.shared);
         let Flight {
             io, held, failed, ..
@@ -582,25 +596,48 @@ impl FrameParser {
 /// flush, which carries the SETTINGS ACK and WINDOW_UPDATE answering the client's preface:
 /// one record and one write instead of two. A server never waits on the client while holding:
 /// should a read find nothing before the client's first frame, what is held goes out then.
+///
+/// After that, while the server's driver polls the connection through the layer's [`Cork`],
+/// small writes wait for the end of that poll and leave in one record and one write. h2 sends
+/// a DATA frame of 256 bytes or more without copying it, and so flushes after each one: the
+/// small responses of many tunnels that one poll writes (an HTTP/1.1 response each, for a
+/// gateway's requests) used to be a record and a system call each. DATA larger than
+/// [`CORK_SMALL`] is never copied into the hold.
+///
+/// The layer and its cork share the transport behind a mutex that only the driver's task
+/// takes, so it is never contended.
 #[derive(Debug)]
 pub(crate) struct Frames<IO> {
-    io: IO,
+    /// The transport and what is held for it, shared with the connection's [`Cork`].
+    shared: Arc<Mutex<Flight<IO>>>,
     reads: FrameParser,
     writes: FrameParser,
-    held: Held,
     preface_done: Arc<AtomicBool>,
     budget: Arc<SendBudget>,
 }
 
 impl<IO> Frames<IO> {
     pub(crate) fn server(io: IO, preface_done: Arc<AtomicBool>, budget: Arc<SendBudget>) -> Self {
-        Self {
+        let flight = Flight {
             io,
+            held: Held::holding(1),
+            // The server has no final flight to look for: its TLS is below this layer.
+            armed: false,
+            failed: None,
+        };
+        Self {
+            shared: Arc::new(Mutex::new(flight)),
             reads: FrameParser::new(h2_preface_len()),
             writes: FrameParser::new(0),
-            held: Held::holding(1),
             preface_done,
             budget,
+        }
+    }
+
+    /// The handle through which the connection's driver polls the connection.
+    pub(crate) fn cork(&self) -> Cork<IO> {
+        Cork {
+            shared: self.shared.clone(),
         }
     }
 
@@ -634,12 +671,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Frames<IO> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         let before = buf.filled().len();
-        let read = Pin::new(&mut this.io).poll_read(cx, buf);
-        if read.is_pending() && this.held.holding && this.reads.frames == 0 {
-            // The client may be waiting for the SETTINGS: send them now.
-            ready!(this.held.poll_flush_now(&mut this.io, cx))?;
+        {
+            let mut flight = lock(&this.shared);
+            let Flight { io, held, .. } = &mut *flight;
+            let read = Pin::new(&mut *io).poll_read(cx, buf);
+            if read.is_pending() && held.holding && this.reads.frames == 0 {
+                // The client may be waiting for the SETTINGS: send them now.
+                ready!(held.poll_flush_now(io, cx))?;
+            }
+            ready!(read)?;
         }
-        ready!(read)?;
         let budget = &this.budget;
         this.reads.feed(&buf.filled()[before..], |seen| {
             if let Seen::Header {
@@ -671,8 +712,12 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Frames<IO> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        let mut n = ready!(this.held.poll_write(&mut this.io, cx, bufs))?;
+        let mut n = {
+            let mut flight = lock(&self.shared);
+            flight.failed()?;
+            let Flight { io, held, .. } = &mut *flight;
+            ready!(held.poll_write(io, cx, bufs))?
+        };
         let written = n;
         for b in bufs {
             if n == 0 {
@@ -686,17 +731,22 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Frames<IO> {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        // What is held goes out in front of the next write, in one vectored write.
+        true
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        this.held.poll_flush(&mut this.io, cx)
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut flight = lock(&self.shared);
+        flight.failed()?;
+        let Flight { io, held, .. } = &mut *flight;
+        held.poll_flush(io, cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        this.held.poll_shutdown(&mut this.io, cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut flight = lock(&self.shared);
+        flight.failed()?;
+        let Flight { io, held, .. } = &mut *flight;
+        held.poll_shutdown(io, cx)
     }
 }
 
@@ -944,12 +994,13 @@ mod tests {
         let settings = frame(0x4, 0, 24);
         io.write_all(&settings).await.unwrap();
         io.flush().await.unwrap();
-        assert!(io.io.writes.is_empty());
+        assert!(lock(&io.shared).io.writes.is_empty());
         let ack = [frame(0x8, 0, 4), frame(0x4, 0, 0)].concat();
         io.write_all(&ack).await.unwrap();
         io.flush().await.unwrap();
-        assert_eq!(io.io.writes, [[settings, ack].concat()]);
-        assert_eq!(io.io.flushes, 1);
+        let flight = lock(&io.shared);
+        assert_eq!(flight.io.writes, [[settings, ack].concat()]);
+        assert_eq!(flight.io.flushes, 1);
     }
 
     #[tokio::test]
@@ -966,7 +1017,69 @@ mod tests {
         })
         .await;
         assert!(polled.is_pending());
-        assert_eq!(io.io.writes, [settings]);
+        assert_eq!(lock(&io.shared).io.writes, [settings]);
+    }
+
+    #[tokio::test]
+    async fn one_poll_of_a_server_connection_is_one_write() {
+        let budget = Arc::new(SendBudget::new(1 << 20));
+        let mut io = Frames::server(
+            Recorder::default(),
+            Arc::new(AtomicBool::new(false)),
+            budget.clone(),
+        );
+        // The start of the connection: SETTINGS, then the ACK, in one write.
+        io.write_all(&frame(0x4, 0, 24)).await.unwrap();
+        io.flush().await.unwrap();
+        io.write_all(&frame(0x4, 0, 0)).await.unwrap();
+        io.flush().await.unwrap();
+        assert_eq!(lock(&io.shared).io.writes.len(), 1);
+
+        // One poll answers three tunnels with 300 bytes each (h2 flushes after each such
+        // DATA frame), then sends 4000 bytes on a fourth, then a fifth's 200 HEADERS.
+        let answers: Vec<Vec<u8>> = [1, 3, 5].map(|s| frame(DATA, s, 300)).into();
+        let (bulk, headers) = (frame(DATA, 7, 4000), frame(0x1, 9, 1));
+        let cork = io.cork();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        for (stream, n) in [(1, 300), (3, 300), (5, 300), (7, 4000)] {
+            assert!(matches!(budget.poll_claim(&mut cx, stream, n), Poll::Ready(k) if k == n));
+        }
+        let polled = cork.poll_with(&mut cx, |cx| {
+            for answer in &answers {
+                let mut io = Pin::new(&mut io);
+                assert!(matches!(
+                    io.as_mut().poll_write(cx, answer),
+                    Poll::Ready(Ok(_))
+                ));
+                assert!(matches!(io.poll_flush(cx), Poll::Ready(Ok(()))));
+            }
+            assert_eq!(lock(&io.shared).io.writes.len(), 1, "held while corked");
+            // A large write leaves at once, behind what is held.
+            write_through(&mut io, cx, &bulk);
+            assert_eq!(
+                lock(&io.shared).io.writes[1..],
+                [[answers.concat(), bulk.clone()].concat()]
+            );
+            write_through(&mut io, cx, &headers);
+            Poll::<()>::Pending
+        });
+        assert!(polled.is_pending());
+        // What is still held when the poll ends goes out then, with the flush it owed.
+        let flight = lock(&io.shared);
+        assert_eq!(flight.io.writes[2..], [headers]);
+        assert_eq!(flight.io.flushes, 2);
+        drop(flight);
+        // Every DATA byte held or written counts as sent: the tunnels have their budget back.
+        assert_eq!(budget.in_flight(), 0);
+    }
+
+    fn write_through(io: &mut Frames<Recorder>, cx: &mut Context<'_>, bytes: &[u8]) {
+        let mut io = Pin::new(io);
+        assert!(
+            matches!(io.as_mut().poll_write(cx, bytes), Poll::Ready(Ok(n)) if n == bytes.len())
+        );
+        assert!(matches!(io.poll_flush(cx), Poll::Ready(Ok(()))));
     }
 
     fn frame(kind: u8, stream: u32, len: usize) -> Vec<u8> {

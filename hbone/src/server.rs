@@ -474,6 +474,7 @@ where
         // However this connection ends, tunnels waiting for its budget are woken.
         let _budget_ends = ShutDownOnDrop(budget.clone());
         let tls = Frames::server(tls, preface_done.clone(), budget.clone());
+        let cork = tls.cork();
         let preface_at = authenticated + self.config.preface_timeout;
         let mut conn = tokio::time::timeout_at(preface_at, builder.handshake::<_, Bytes>(tls))
             .await
@@ -511,7 +512,9 @@ where
             // Biased: the connection first, then its timers and the drain signal.
             tokio::select! {
                 biased;
-                next = conn.accept() => match next {
+                // Corked: the small writes of one poll of the connection (the answers of
+                // many tunnels, each a DATA frame h2 flushes alone) leave in one write.
+                next = std::future::poll_fn(|cx| cork.poll_with(cx, |cx| conn.poll_accept(cx))) => match next {
                     Some(Ok((request, respond))) => {
                         self.stats.streams.fetch_add(1, Ordering::Relaxed);
                         awaiting_first_stream = false;

@@ -973,3 +973,73 @@ async fn a_closing_connection_sends_its_last_frames_in_one_write() {
         "RST_STREAM, GOAWAY and close_notify in one write"
     );
 }
+
+/// Tunnels that answer in the same turn of the server's runtime, with answers small enough
+/// to be held (a gateway's HTTP/1.1 responses, say), leave in one write of the server's
+/// connection rather than one each: h2 flushes after every DATA frame of 256 bytes or more.
+#[tokio::test]
+async fn small_answers_of_many_tunnels_leave_the_server_in_one_write() {
+    const TUNNELS: usize = 8;
+    const ANSWER: usize = 300;
+    let pki = Pki::new();
+    let (go, ready) = tokio::sync::watch::channel(false);
+    let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = waiting.clone();
+    let service = decide_fn(move |_: ConnectRequest| {
+        let (mut ready, waiting) = (ready.clone(), counted.clone());
+        async move {
+            Decision::accept(move |mut tunnel| async move {
+                // Counted in the poll that starts the wait: every counted handler is woken by
+                // the one send.
+                waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = ready.wait_for(|go| *go).await;
+                tunnel.write_all(&[7; ANSWER]).await.unwrap();
+                // Open until the client lets go.
+                let _ = tunnel.read(&mut [0u8; 1]).await;
+            })
+        }
+    });
+    let selector = SingleIdentity::new(pki.server_tls(SERVER, Authorize::AnyTrusted));
+    let server = Server::new(ServerConfig::default(), selector, service);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counts = Arc::new(Counts::default());
+    let server_counts = counts.clone();
+    tokio::spawn(async move {
+        let (io, source) = listener.accept().await.unwrap();
+        let io = CountedIo {
+            io,
+            counts: server_counts,
+        };
+        let _ = server.serve_connection(io, source, addr).await;
+    });
+
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let mut tunnels = Vec::new();
+    for _ in 0..TUNNELS {
+        let destination = SocketAddr::from(([127, 0, 0, 1], 9));
+        tunnels.push(client.open(target(addr, destination)).await.unwrap());
+    }
+    assert_eq!(client.connections_opened(), 1);
+    wait_until("every handler waiting", || {
+        waiting.load(std::sync::atomic::Ordering::SeqCst) == TUNNELS
+    })
+    .await;
+    // The connection quiet.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = counts.writes();
+    go.send(true).unwrap();
+    within("every answer read", async {
+        for tunnel in &mut tunnels {
+            let mut answer = [0u8; ANSWER];
+            tunnel.read_exact(&mut answer).await.unwrap();
+            assert_eq!(answer, [7; ANSWER]);
+        }
+    })
+    .await;
+    assert_eq!(
+        counts.writes() - before,
+        1,
+        "{TUNNELS} answers of {ANSWER} bytes in one write"
+    );
+}
