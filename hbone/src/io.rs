@@ -360,6 +360,20 @@ impl<IO> Flight<IO> {
     }
 }
 
+impl<IO: AsyncWrite + Unpin> Flight<IO> {
+    /// A flush of the layer above: first a failure the end of a cork's poll stored.
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.failed()?;
+        self.held.poll_flush(&mut self.io, cx)
+    }
+
+    /// A shutdown of the layer above: first a failure the end of a cork's poll stored.
+    fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.failed()?;
+        self.held.poll_shutdown(&mut self.io, cx)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -490,17 +504,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FinalFlight<IO> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut flight = lock(&self.shared);
-        flight.failed()?;
-        let this = &mut *flight;
-        this.held.poll_flush(&mut this.io, cx)
+        lock(&self.shared).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut flight = lock(&self.shared);
-        flight.failed()?;
-        let this = &mut *flight;
-        this.held.poll_shutdown(&mut this.io, cx)
+        lock(&self.shared).poll_shutdown(cx)
     }
 }
 
@@ -736,17 +744,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Frames<IO> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut flight = lock(&self.shared);
-        flight.failed()?;
-        let Flight { io, held, .. } = &mut *flight;
-        held.poll_flush(io, cx)
+        lock(&self.shared).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut flight = lock(&self.shared);
-        flight.failed()?;
-        let Flight { io, held, .. } = &mut *flight;
-        held.poll_shutdown(io, cx)
+        lock(&self.shared).poll_shutdown(cx)
     }
 }
 
@@ -905,7 +907,7 @@ mod tests {
         assert!(cork.poll(&mut connection, &mut cx, false).is_pending());
     }
 
-    fn write_and_flush(io: &mut FinalFlight<Recorder>, cx: &mut Context<'_>, bytes: &[u8]) {
+    fn write_and_flush(io: &mut (impl AsyncWrite + Unpin), cx: &mut Context<'_>, bytes: &[u8]) {
         let mut io = Pin::new(io);
         assert!(
             matches!(io.as_mut().poll_write(cx, bytes), Poll::Ready(Ok(n)) if n == bytes.len())
@@ -1047,21 +1049,16 @@ mod tests {
         }
         let polled = cork.poll_with(&mut cx, |cx| {
             for answer in &answers {
-                let mut io = Pin::new(&mut io);
-                assert!(matches!(
-                    io.as_mut().poll_write(cx, answer),
-                    Poll::Ready(Ok(_))
-                ));
-                assert!(matches!(io.poll_flush(cx), Poll::Ready(Ok(()))));
+                write_and_flush(&mut io, cx, answer);
             }
             assert_eq!(lock(&io.shared).io.writes.len(), 1, "held while corked");
             // A large write leaves at once, behind what is held.
-            write_through(&mut io, cx, &bulk);
+            write_and_flush(&mut io, cx, &bulk);
             assert_eq!(
                 lock(&io.shared).io.writes[1..],
                 [[answers.concat(), bulk.clone()].concat()]
             );
-            write_through(&mut io, cx, &headers);
+            write_and_flush(&mut io, cx, &headers);
             Poll::<()>::Pending
         });
         assert!(polled.is_pending());
@@ -1072,14 +1069,6 @@ mod tests {
         drop(flight);
         // Every DATA byte held or written counts as sent: the tunnels have their budget back.
         assert_eq!(budget.in_flight(), 0);
-    }
-
-    fn write_through(io: &mut Frames<Recorder>, cx: &mut Context<'_>, bytes: &[u8]) {
-        let mut io = Pin::new(io);
-        assert!(
-            matches!(io.as_mut().poll_write(cx, bytes), Poll::Ready(Ok(n)) if n == bytes.len())
-        );
-        assert!(matches!(io.poll_flush(cx), Poll::Ready(Ok(()))));
     }
 
     fn frame(kind: u8, stream: u32, len: usize) -> Vec<u8> {
