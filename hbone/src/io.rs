@@ -1,6 +1,5 @@
-//! The I/O layers around TLS: on the server, a read buffer under TLS that costs nothing until
-//! the handshake is done and a frame watcher above it that sees the HTTP/2 frames go by; on
-//! the client, a layer under TLS that sends its last handshake flight together with the
+//! The I/O layers around TLS: on the server, a frame watcher above TLS that sees the HTTP/2
+//! frames go by; on the client, a layer under TLS that sends its last handshake flight together with the
 //! HTTP/2 preface. Both ends hold their first writes back to send them in one system call,
 //! and afterwards send the small writes of one poll of the connection in one (on the server,
 //! above TLS, in one record too).
@@ -15,91 +14,6 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::budget::SendBudget;
-
-/// A read buffer of [`TLS_READ_BUFFER`](crate::TLS_READ_BUFFER) bytes under TLS, allocated at
-/// the first read after [`LazyReadBuffer::enable`]: until the handshake is done, reads go to
-/// the socket directly, so a socket that never completes TLS costs no buffer.
-#[derive(Debug)]
-pub(crate) struct LazyReadBuffer<IO> {
-    io: IO,
-    enabled: bool,
-    buf: Box<[u8]>,
-    pos: usize,
-    filled: usize,
-}
-
-impl<IO> LazyReadBuffer<IO> {
-    pub(crate) fn new(io: IO) -> Self {
-        Self {
-            io,
-            enabled: false,
-            buf: Box::default(),
-            pos: 0,
-            filled: 0,
-        }
-    }
-
-    /// Buffers reads from now on.
-    pub(crate) fn enable(&mut self) {
-        self.enabled = true;
-    }
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for LazyReadBuffer<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if this.pos == this.filled {
-            if !this.enabled || out.remaining() >= crate::TLS_READ_BUFFER {
-                return Pin::new(&mut this.io).poll_read(cx, out);
-            }
-            if this.buf.is_empty() {
-                this.buf = vec![0u8; crate::TLS_READ_BUFFER].into_boxed_slice();
-            }
-            let mut rb = ReadBuf::new(&mut this.buf);
-            ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;
-            this.pos = 0;
-            this.filled = rb.filled().len();
-        }
-        let n = (this.filled - this.pos).min(out.remaining());
-        out.put_slice(&this.buf[this.pos..this.pos + n]);
-        this.pos += n;
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for LazyReadBuffer<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
 
 /// The most bytes a connection holds back for [`Held`]; past it, they go out at once.
 const HOLD_LIMIT: usize = 16 * 1024;

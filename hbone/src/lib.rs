@@ -20,6 +20,13 @@
 //!   server connections and streams), as hyper takes one; [`TokioExecutor`] (`tokio::spawn`)
 //!   unless [`ClientConfig::with_executor`] / [`ServerConfig::with_executor`] say otherwise.
 //!
+//! TLS: rustls runs the handshake (with the configuration's provider, ring by default), then
+//! hands over the traffic keys, and the connection seals and opens its TLS 1.3 records
+//! itself, decrypting each where the socket read put it. The configurations need
+//! `enable_secret_extraction`; [`meshkit_identity::TlsSettings`]'s have it, and a selector's
+//! configuration without it is copied with it set. KeyUpdate and session tickets stay with
+//! rustls. The keys never leave the process.
+//!
 //! Answers of the server: 405 for a method other than CONNECT, 400 for a missing or
 //! malformed `:authority` (HBONE targets are `ip:port`), 403 when a policy refuses, 503 when
 //! the target is unreachable, 504 when connecting to it times out.
@@ -87,6 +94,7 @@ mod keepalive;
 pub mod proxy_protocol;
 mod rt;
 mod server;
+mod tls;
 mod tunnel;
 
 pub use client::{

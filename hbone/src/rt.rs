@@ -75,6 +75,10 @@ impl<E: Executor + ?Sized> Executor for Arc<E> {
     }
 }
 
+/// The largest future spawned on tokio as it is; larger ones are boxed first (see
+/// [`Exec::execute`]).
+const INLINE_TASK: usize = 512;
+
 /// The executor of a configuration: `None` is [`TokioExecutor`], so that default
 /// configurations compare equal.
 #[derive(Clone, Default)]
@@ -87,9 +91,17 @@ impl Exec {
         Self(Some(Arc::new(executor)))
     }
 
-    pub(crate) fn execute(&self, task: impl Future<Output = ()> + Send + 'static) {
+    pub(crate) fn execute<F: Future<Output = ()> + Send + 'static>(&self, task: F) {
         match &self.0 {
             Some(executor) => executor.execute(Box::pin(task)),
+            // tokio keeps a task's future inline in the task and copies all of it when the
+            // task is created and at each change of its stage (done, output taken); it boxes
+            // only futures past 16 KiB (2 KiB with debug assertions). The connection tasks are
+            // kilobytes (a rustls connection, h2's, their timers): boxed here once, what tokio
+            // copies is a pointer.
+            None if std::mem::size_of::<F>() > INLINE_TASK => {
+                tokio::spawn(Box::pin(task));
+            }
             None => {
                 tokio::spawn(task);
             }

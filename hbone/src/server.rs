@@ -15,7 +15,7 @@ use bytes::Bytes;
 use h2::RecvStream;
 use h2::server::SendResponse;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
-use meshkit_identity::{AcceptError, BoxFuture, CertSelector, SpiffeId, accept, peer_spiffe_id};
+use meshkit_identity::{AcceptError, BoxFuture, CertSelector, SpiffeId};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -25,7 +25,7 @@ use tower_service::Service;
 use crate::budget::SendBudget;
 use crate::config::H2Settings;
 use crate::error::{Error, Kind};
-use crate::io::{Frames, LazyReadBuffer};
+use crate::io::Frames;
 use crate::keepalive::keepalive;
 use crate::rt::{Exec, Executor};
 use crate::tunnel::Tunnel;
@@ -422,22 +422,13 @@ where
         let _open = OpenGuard::new(&self.stats);
         let handshake = tokio::time::timeout(
             self.config.handshake_timeout,
-            accept(
-                &*self.selector,
-                // No read buffer until TLS is done: a socket that never authenticates costs none.
-                LazyReadBuffer::new(io),
-                source,
-                destination,
-            ),
+            // The read buffer stays small until TLS is done: a socket that never
+            // authenticates costs little.
+            crate::tls::accept(&*self.selector, io, source, destination),
         )
         .await;
         let tls = match handshake {
-            Ok(Ok((mut tls, _info))) => {
-                let (io, session) = tls.get_mut();
-                io.enable();
-                session.set_buffer_limit(Some(crate::TLS_WRITE_BUFFER));
-                tls
-            }
+            Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
                 self.stats
                     .handshake_failures
@@ -458,7 +449,7 @@ where
         // Authenticated (or failed): no longer counted against the source's handshakes.
         drop(admitted);
         let authenticated = Instant::now();
-        let Some(peer) = peer_spiffe_id(tls.get_ref().1) else {
+        let Some(peer) = tls.peer_spiffe_id().cloned() else {
             // Only reachable with a selector whose configs do not require SPIFFE clients.
             return Err(Error::new(Kind::Tls(std::io::Error::other(
                 "client presented no SPIFFE certificate",

@@ -1043,3 +1043,51 @@ async fn small_answers_of_many_tunnels_leave_the_server_in_one_write() {
         "{TUNNELS} answers of {ANSWER} bytes in one write"
     );
 }
+
+/// A new connection's client writes its ClientHello, then everything else up to the CONNECT
+/// in one write: the ChangeCipherSpec rustls encodes while reading the server's flight, its
+/// Certificate, CertificateVerify and Finished, and HTTP/2's preface, SETTINGS and HEADERS.
+/// The only other write before the 200 is the ACK of the server's SETTINGS.
+#[tokio::test]
+async fn a_cold_tunnel_s_client_sends_its_last_flight_and_the_connect_in_one_write() {
+    let pki = Pki::new();
+    let (go, ready) = tokio::sync::watch::channel(false);
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = asked.clone();
+    let service = decide_fn(move |_: ConnectRequest| {
+        let (mut ready, asked) = (ready.clone(), counted.clone());
+        async move {
+            asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            // The 200 waits until the client's writes are counted.
+            let _ = ready.wait_for(|go| *go).await;
+            Decision::accept(|mut tunnel| async move {
+                let _ = tunnel.read(&mut [0u8; 1]).await;
+            })
+        }
+    });
+    let server = start(&pki, ServerConfig::default(), service).await;
+
+    let counted = Counted::default();
+    let client = Client::with_connector(
+        ClientConfig::default(),
+        counted.clone(),
+        pki.ca.issue(id(CLIENT)),
+        pki.ca.bundle_set(),
+    );
+    let destination = SocketAddr::from(([127, 0, 0, 1], 9));
+    let addr = server.addr;
+    let open = tokio::spawn(async move { client.open(target(addr, destination)).await });
+    wait_until("the CONNECT at the server", || {
+        asked.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    // The server's SETTINGS read and acknowledged.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        counted.0.writes(),
+        3,
+        "ClientHello; the last flight with the preface and the CONNECT; the SETTINGS ACK"
+    );
+    go.send(true).unwrap();
+    within("the tunnel open", open).await.unwrap().unwrap();
+}

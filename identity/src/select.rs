@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 
 use rustls::ServerConfig;
-use rustls::server::Acceptor;
+use rustls::server::{Acceptor, ClientHello};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -33,6 +33,25 @@ pub struct ConnectionInfo {
     pub alpn: Vec<Vec<u8>>,
 }
 
+impl ConnectionInfo {
+    /// The facts of a connection from `source` to `destination` whose ClientHello is `hello`.
+    pub fn from_client_hello(
+        hello: &ClientHello<'_>,
+        source: SocketAddr,
+        destination: SocketAddr,
+    ) -> Self {
+        Self {
+            destination,
+            source,
+            server_name: hello.server_name().map(str::to_owned),
+            alpn: hello
+                .alpn()
+                .map(|protocols| protocols.map(<[u8]>::to_vec).collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// Why no TLS session was established with a client.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -54,6 +73,23 @@ pub enum AcceptError {
     /// The handshake failed after the configuration was chosen, for another reason.
     #[error("TLS handshake failed")]
     Handshake(#[source] io::Error),
+}
+
+impl AcceptError {
+    /// The error of a handshake that failed after the configuration was chosen:
+    /// [`AcceptError::PeerRejected`] when a meshkit verifier refused the client's certificate
+    /// (the rustls error inside `e` says so), [`AcceptError::Handshake`] otherwise.
+    pub fn from_handshake(e: io::Error) -> Self {
+        let refused = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .and_then(verify_error)
+            .cloned();
+        match refused {
+            Some(reason) => Self::PeerRejected(reason),
+            None => Self::Handshake(e),
+        }
+    }
 }
 
 /// Chooses the server configuration (and so the certificate) for a connection.
@@ -88,33 +124,17 @@ where
     let start = LazyConfigAcceptor::new(Acceptor::default(), io)
         .await
         .map_err(AcceptError::ClientHello)?;
-    let hello = start.client_hello();
-    let info = ConnectionInfo {
-        destination,
-        source,
-        server_name: hello.server_name().map(str::to_owned),
-        alpn: hello
-            .alpn()
-            .map(|protocols| protocols.map(<[u8]>::to_vec).collect())
-            .unwrap_or_default(),
-    };
+    let info = ConnectionInfo::from_client_hello(&start.client_hello(), source, destination);
     let Some(config) = selector.select(&info).await else {
         return Err(AcceptError::NoCertificate {
             destination,
             server_name: info.server_name,
         });
     };
-    let stream = start.into_stream(config).await.map_err(|e| {
-        let refused = e
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            .and_then(verify_error)
-            .cloned();
-        match refused {
-            Some(reason) => AcceptError::PeerRejected(reason),
-            None => AcceptError::Handshake(e),
-        }
-    })?;
+    let stream = start
+        .into_stream(config)
+        .await
+        .map_err(AcceptError::from_handshake)?;
     Ok((stream, info))
 }
 

@@ -81,10 +81,66 @@ pub struct LeafInfo {
 /// present with `digitalSignature` and without `keyCertSign` or `cRLSign`. Signatures and
 /// validity are not checked here (see [`SpiffeVerifier`](crate::SpiffeVerifier)).
 ///
+/// The last leaves accepted on the calling thread are remembered by their exact bytes, and a
+/// leaf met again is answered without parsing it again: a handshake parses the peer's leaf in
+/// the verifier, and again moments later, usually on the same thread, when the connection
+/// asks for its peer's ID ([`peer_spiffe_id`](crate::peer_spiffe_id)). A leaf not found there
+/// (another thread, or pushed out by other leaves) is parsed in full: the answer is the same.
+///
 /// # Errors
 ///
 /// The [`SvidError`] for the first rule broken.
 pub fn parse_leaf(der: &[u8]) -> Result<LeafInfo, SvidError> {
+    // `try_with`: in a thread's own teardown, where its locals may be gone, the leaf is
+    // parsed in full.
+    if let Ok(Some(info)) = RECENT.try_with(|recent| recent.borrow().get(der)) {
+        return Ok(info);
+    }
+    let info = parse_leaf_in_full(der)?;
+    if der.len() <= MAX_REMEMBERED_LEAF {
+        let _ = RECENT.try_with(|recent| recent.borrow_mut().put(der, &info));
+    }
+    Ok(info)
+}
+
+/// Leaves remembered per thread by [`parse_leaf`]: the two ends of a connection that one
+/// thread drives (a client and a server in one process) each find theirs.
+const REMEMBERED_LEAVES: usize = 2;
+
+/// The longest leaf [`parse_leaf`] remembers: an SVID is well under 2 KiB, and a thread holds
+/// no more than [`REMEMBERED_LEAVES`] times this for a peer that sends a large certificate.
+const MAX_REMEMBERED_LEAF: usize = 4096;
+
+thread_local! {
+    static RECENT: std::cell::RefCell<RecentLeaves> = const {
+        std::cell::RefCell::new(RecentLeaves { leaves: [None, None], next: 0 })
+    };
+}
+
+/// The leaves [`parse_leaf`] accepted last on one thread, each with what it found.
+struct RecentLeaves {
+    leaves: [Option<(Box<[u8]>, LeafInfo)>; REMEMBERED_LEAVES],
+    /// The slot the next leaf replaces.
+    next: usize,
+}
+
+impl RecentLeaves {
+    fn get(&self, der: &[u8]) -> Option<LeafInfo> {
+        self.leaves
+            .iter()
+            .flatten()
+            .find(|(seen, _)| **seen == *der)
+            .map(|(_, info)| info.clone())
+    }
+
+    fn put(&mut self, der: &[u8], info: &LeafInfo) {
+        self.leaves[self.next] = Some((der.into(), info.clone()));
+        self.next = (self.next + 1) % REMEMBERED_LEAVES;
+    }
+}
+
+/// [`parse_leaf`] without the memory of recent leaves.
+fn parse_leaf_in_full(der: &[u8]) -> Result<LeafInfo, SvidError> {
     let (rest, cert) =
         X509Certificate::from_der(der).map_err(|e| SvidError::Malformed(e.to_string()))?;
     if !rest.is_empty() {
@@ -310,4 +366,62 @@ fn pem_block(label: &str, der: &[u8]) -> String {
     }
     pem.push_str(&format!("-----END {label}-----\n"));
     pem
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use rcgen::{DnType, SanType};
+
+    use super::*;
+    use crate::test_util::TestCa;
+
+    /// Leaves that pass the rules and leaves that break them (no URI, two URIs, an ID without
+    /// a path), one of them longer than a remembered leaf may be.
+    fn leaves() -> Vec<Vec<u8>> {
+        let ca = TestCa::new("cluster.local".parse().unwrap());
+        let sans: [Vec<SanType>; 6] = [
+            vec![SanType::URI(
+                "spiffe://cluster.local/ns/a/sa/web".try_into().unwrap(),
+            )],
+            vec![SanType::URI(
+                "spiffe://cluster.local/ns/b/sa/db".try_into().unwrap(),
+            )],
+            vec![SanType::DnsName("web.example".try_into().unwrap())],
+            vec![
+                SanType::URI("spiffe://cluster.local/ns/a/sa/web".try_into().unwrap()),
+                SanType::URI("spiffe://cluster.local/ns/b/sa/db".try_into().unwrap()),
+            ],
+            vec![SanType::URI("spiffe://cluster.local".try_into().unwrap())],
+            std::iter::once(SanType::URI(
+                "spiffe://cluster.local/ns/c/sa/big".try_into().unwrap(),
+            ))
+            .chain((0..400).map(|i| SanType::DnsName(format!("n{i}.example").try_into().unwrap())))
+            .collect(),
+        ];
+        sans.into_iter()
+            .map(|sans| {
+                let mut params = TestCa::leaf_params(&"spiffe://cluster.local/x".parse().unwrap());
+                params.distinguished_name.push(DnType::CommonName, "leaf");
+                params.subject_alt_names = sans;
+                ca.sign_params(&params).0.swap_remove(0).to_vec()
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever leaves a thread parsed before, each answer is the full parse's.
+        #[test]
+        fn a_remembered_leaf_is_answered_as_the_full_parse_answers(
+            order in proptest::collection::vec(0..6usize, 1..24),
+        ) {
+            let leaves = leaves();
+            prop_assert!(leaves[5].len() > MAX_REMEMBERED_LEAF);
+            for i in order {
+                prop_assert_eq!(parse_leaf(&leaves[i]), parse_leaf_in_full(&leaves[i]));
+            }
+        }
+    }
 }

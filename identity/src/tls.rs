@@ -192,6 +192,10 @@ impl TlsSettings {
 
     /// A client configuration that presents `identity` and accepts servers `verifier` accepts.
     ///
+    /// Secret extraction is allowed (`enable_secret_extraction`): meshkit-hbone takes the
+    /// traffic keys from rustls once the handshake is done and seals and opens the records
+    /// itself, decrypting them in place. The keys never leave the process.
+    ///
     /// # Errors
     ///
     /// A rustls error when the provider does not support TLS 1.3.
@@ -207,6 +211,7 @@ impl TlsSettings {
             .with_custom_certificate_verifier(Arc::new(SpiffeServerVerifier::new(verifier)))
             .with_client_cert_resolver(Arc::new(SvidResolver::new(identity)));
         config.alpn_protocols = self.alpn.clone();
+        config.enable_secret_extraction = true;
         Ok(config)
     }
 
@@ -218,6 +223,8 @@ impl TlsSettings {
     /// time. A resumed session would skip that check and let a client whose certificate has
     /// since expired, or whose identity the verifier no longer accepts, back in for the
     /// ticket's lifetime.
+    ///
+    /// Secret extraction is allowed, as for [`TlsSettings::client_config`].
     ///
     /// # Errors
     ///
@@ -235,6 +242,7 @@ impl TlsSettings {
         config.alpn_protocols = self.alpn.clone();
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         config.send_tls13_tickets = 0;
+        config.enable_secret_extraction = true;
         Ok(config)
     }
 }

@@ -404,7 +404,9 @@ impl ClientCertVerifier for SpiffeClientVerifier {
 ///
 /// The ID is read from the peer's leaf; it is a verified identity when the connection was
 /// configured with a meshkit verifier, which refuses the handshake otherwise. `None` before the
-/// handshake completes or when the peer sent no valid SVID.
+/// handshake completes or when the peer sent no valid SVID. The verifier has usually parsed
+/// the same leaf on the same thread a moment before: [`parse_leaf`] then answers from its
+/// memory of it.
 pub fn peer_spiffe_id(conn: &rustls::CommonState) -> Option<SpiffeId> {
     let leaf = conn.peer_certificates()?.first()?;
     parse_leaf(leaf).ok().map(|info| info.id)

@@ -125,11 +125,10 @@ impl Envoy {
     }
 }
 
+/// A free loopback address below the ephemeral range, so that no port the mesh (started
+/// before Envoy binds it) asks the system for can be this one.
 fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    SocketAddr::from(([127, 0, 0, 1], meshkit_test_support::free_port()))
 }
 
 /// One answer: status, the workload the echo body names, the workload header, the body.
@@ -298,7 +297,8 @@ fn envoy_matches_meshkit(delta: bool) {
         let stats = envoy.stats_ending(suffix);
         assert!(
             stats.iter().any(|(_, v)| *v > 0),
-            "{name}: no {suffix}: {stats:?}"
+            "{name}: no {suffix}: {stats:?}; log:\n{}",
+            envoy.log_text()
         );
     }
     let rejected: Vec<_> = envoy
