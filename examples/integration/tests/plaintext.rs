@@ -153,13 +153,18 @@ fn redirected_plaintext_is_decided_by_the_mesh_policies_without_an_identity() {
     let took = edited_at.elapsed();
     eprintln!("the node proxy's decision changed {took:?} after the manifest edit");
     assert!(took < Duration::from_secs(5), "{took:?}");
-    let log = std::fs::read_to_string(dir.join("node-proxy.log")).unwrap();
-    assert!(
-        log.lines().any(
-            |l| l.contains("inbound plaintext denied by authorization policy")
-                && l.contains("istio_converted_static_strict")
-        ),
-        "the denial names the STRICT policy"
+    // The client sees the refusal before the node proxy's log line reaches the file.
+    until(
+        "the denial in the node proxy's log names the STRICT policy",
+        || {
+            let log = std::fs::read_to_string(dir.join("node-proxy.log")).ok()?;
+            log.lines()
+                .any(|l| {
+                    l.contains("inbound plaintext denied by authorization policy")
+                        && l.contains("istio_converted_static_strict")
+                })
+                .then_some(())
+        },
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
