@@ -1,11 +1,13 @@
 //! Helpers shared by meshkit's integration tests that run processes on loopback: a free
-//! port, waiting for a port to open, a child process killed on drop, and the Envoy binary.
+//! port, waiting for a port to open, a child process killed on drop, the Envoy binary, and a
+//! Kubernetes API server ([`apiserver`]).
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod apiserver;
 pub mod openmetrics;
 
 /// A plain HTTP/1.1 GET of `path` on `addr` (`Connection: close`, 20 s bound on every read
