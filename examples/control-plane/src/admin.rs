@@ -2,7 +2,6 @@
 //! summaries of its certificates. Never a private key, never a token.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use meshkit_xds_server::SnapshotCache;
@@ -15,7 +14,8 @@ use crate::tls::ServingCert;
 
 /// The config dump's sources.
 pub(crate) struct Dump {
-    pub(crate) dir: PathBuf,
+    /// What the source is: the folder's path, or `kubernetes`.
+    pub(crate) source: String,
     pub(crate) cache: SnapshotCache,
     pub(crate) status: watch::Receiver<LoadStatus>,
     /// Set once start-up has made them.
@@ -62,7 +62,7 @@ impl Dump {
             );
         }
         let manifests = json!({
-            "dir": self.dir.display().to_string(),
+            "source": self.source,
             "loads": status.loads,
             "applied": status.applied,
             "errors": status.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),

@@ -102,20 +102,20 @@ impl NodeIdentities {
         self.0.get(node).is_some_and(|ids| ids.contains(id))
     }
 
-    /// The WorkloadEntries of `set` that name a node, with their identities in `trust_domain`.
-    pub fn of_manifests(
-        set: &crate::manifests::ManifestSet,
+    /// The workloads that name a node (Pods and WorkloadEntries), with their identities in
+    /// `trust_domain`.
+    pub fn of_workloads(
+        workloads: &[crate::ambient::MeshWorkload],
         trust_domain: &meshkit_identity::TrustDomain,
     ) -> Self {
         let mut nodes = Self::new();
-        for w in &set.workload_entries {
-            let (Some(node), Ok(id)) = (
-                &w.node,
-                SpiffeId::from_istio(trust_domain, &w.namespace, &w.service_account),
-            ) else {
+        for w in workloads.iter().map(|w| &w.workload) {
+            if w.node.is_empty() || w.service_account.is_empty() {
                 continue;
-            };
-            nodes.insert(node, id);
+            }
+            if let Ok(id) = SpiffeId::from_istio(trust_domain, &w.namespace, &w.service_account) {
+                nodes.insert(&w.node, id);
+            }
         }
         nodes
     }

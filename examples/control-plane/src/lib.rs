@@ -1,7 +1,11 @@
-//! meshkit's control plane: manifests in, ADS and certificates out.
+//! meshkit's control plane: Kubernetes objects in, ADS and certificates out.
 //!
-//! - [`manifests`]: reads a folder of Kubernetes (Ingress, IngressClass, TLS Secret) and Istio
-//!   (ServiceEntry, WorkloadEntry) manifests, with errors naming file, document and field.
+//! - Two sources of one model ([`Source`]): [`kube_source`] watches a Kubernetes API server;
+//!   [`manifests`] reads a folder of Kubernetes and Istio manifests, with errors naming
+//!   file, document and field. Both give a [`ManifestSet`](manifests::ManifestSet).
+//! - [`ambient`]: the workloads and services of the mesh, derived from Pods, Services,
+//!   EndpointSlices, ServiceEntries and WorkloadEntries as istiod's ambient index derives
+//!   them.
 //! - [`translate`]: turns them into a [`Snapshot`]: Istio workload `Address` resources for node
 //!   proxies, the Ingress objects for meshkit's gateway, and Envoy LDS/RDS/CDS/EDS/SDS so an
 //!   unmodified Envoy can be the gateway.
@@ -13,10 +17,12 @@
 //!   `pilot_total_xds_rejects`, `citadel_server_*`), served with readiness, a config dump
 //!   and the log filter by meshkit-admin's [`Admin`] ([`ControlPlane::admin`]).
 //!
-//! [`ControlPlane::start`] runs all of it: it loads the folder, serves ADS and the CA, and
-//! re-reads the folder when a file changes (polled every 200 ms by default; a change is
-//! loaded once two polls in a row see the same contents). A load with any error
-//! changes nothing that is served; the errors are logged and published in [`LoadStatus`].
+//! [`ControlPlane::start`] runs all of it: it reads the source, serves ADS and the CA, and
+//! follows changes: the API server's watch events (gathered for 100 ms), or the folder
+//! (polled every 200 ms by default; a change is loaded once two polls in a row see the same
+//! contents). A folder load with any error changes nothing that is served; the errors are
+//! logged and published in [`LoadStatus`]. From the API, an object the model refuses is left
+//! out with a warning and the rest is served.
 //!
 //! # Admin endpoint
 //!
@@ -62,8 +68,10 @@
 
 pub mod access;
 mod admin;
+pub mod ambient;
 pub mod ca;
 pub mod gateway_api;
+pub mod kube_source;
 pub mod manifests;
 pub mod metrics;
 pub mod policy;
@@ -147,12 +155,22 @@ pub enum StartError {
     Tls(#[from] TlsSetupError),
 }
 
-/// Configuration of [`ControlPlane::start`]; build with [`ControlPlaneConfig::new`] and the
-/// `with_*` methods.
+/// Where the control plane reads the mesh's objects from. Both give the same
+/// [`ManifestSet`], so everything served is translated the same way from either.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A folder of manifests, polled for changes ([`manifests`]).
+    Manifests(PathBuf),
+    /// The Kubernetes API server, watched ([`kube_source`]).
+    Kubernetes(kube_source::KubeSourceConfig),
+}
+
+/// Configuration of [`ControlPlane::start`]; build with [`ControlPlaneConfig::new`] (or
+/// [`ControlPlaneConfig::kubernetes`]) and the `with_*` methods.
 #[derive(Debug, Clone)]
 pub struct ControlPlaneConfig {
-    /// The manifest folder.
-    pub manifest_dir: PathBuf,
+    /// Where the objects come from.
+    pub source: Source,
     /// ADS listen address. Default `127.0.0.1:15010` (istiod's plaintext xDS port).
     pub ads_addr: SocketAddr,
     /// CA listen address. Default `127.0.0.1:15012`.
@@ -226,10 +244,19 @@ pub struct ControlPlane {
 // === impl ControlPlaneConfig ===
 
 impl ControlPlaneConfig {
-    /// Defaults, reading `manifest_dir`.
+    /// Defaults, reading the manifests in `manifest_dir`.
     pub fn new(manifest_dir: impl Into<PathBuf>) -> Self {
+        Self::with_source(Source::Manifests(manifest_dir.into()))
+    }
+
+    /// Defaults, reading the Kubernetes API server as `source` says.
+    pub fn kubernetes(source: kube_source::KubeSourceConfig) -> Self {
+        Self::with_source(Source::Kubernetes(source))
+    }
+
+    fn with_source(source: Source) -> Self {
         Self {
-            manifest_dir: manifest_dir.into(),
+            source,
             ads_addr: SocketAddr::from(([127, 0, 0, 1], 15010)),
             ca_addr: SocketAddr::from(([127, 0, 0, 1], 15012)),
             trust_domain: "cluster.local"
@@ -363,7 +390,10 @@ impl ControlPlane {
         let (status_tx, status) = watch::channel(LoadStatus::default());
         let facts = Arc::new(OnceLock::new());
         let dump = admin::Dump {
-            dir: config.manifest_dir.clone(),
+            source: match &config.source {
+                Source::Manifests(dir) => dir.display().to_string(),
+                Source::Kubernetes(_) => "kubernetes".to_owned(),
+            },
             cache: cache.clone(),
             status: status.clone(),
             facts: Arc::clone(&facts),
@@ -446,19 +476,37 @@ impl ControlPlane {
             grants: config.grants.describe(),
         });
 
-        let mut watcher = Watcher {
-            dir: config.manifest_dir.clone(),
+        let mut applier = Applier {
             translate,
             cache: cache.clone(),
             status: status_tx,
-            fingerprint: None,
-            pending: None,
             loaded: manifests_loaded,
             metrics: metrics.manifests().clone(),
             nodes: nodes_tx,
             trust_domain: config.trust_domain.clone(),
         };
-        watcher.check();
+        let mut folder = None;
+        match &config.source {
+            Source::Manifests(dir) => {
+                let mut watcher = Watcher {
+                    dir: dir.clone(),
+                    fingerprint: None,
+                    pending: None,
+                    applier,
+                };
+                watcher.check();
+                folder = Some(watcher);
+            }
+            Source::Kubernetes(source) => {
+                let source = source.clone();
+                let stopped = stop.subscribe();
+                tasks.push(tokio::spawn(kube_source::run(
+                    source,
+                    move |set| applier.apply(Ok(set)),
+                    stopped,
+                )));
+            }
+        }
 
         let stopped = stop_signal(&stop);
         // Delta clients resuming with many resources send them all in their first request.
@@ -495,24 +543,26 @@ impl ControlPlane {
         if let Some(cert) = serving_cert {
             tasks.push(tokio::spawn(cert.renew_until(stop.subscribe())));
         }
-        let mut stopped = stop.subscribe();
-        let interval = config.poll_interval;
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => watcher.check(),
-                    _ = stopped.wait_for(|s| *s) => return,
+        if let Some(mut watcher) = folder {
+            let mut stopped = stop.subscribe();
+            let interval = config.poll_interval;
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(interval);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => watcher.check(),
+                        _ = stopped.wait_for(|s| *s) => return,
+                    }
                 }
-            }
-        }));
+            }));
+        }
         tracing::info!(
             %ads_addr,
             %ca_addr,
             admin_addr = admin_addr.map(tracing::field::display),
             tls = server_name.is_some(),
-            dir = %config.manifest_dir.display(),
+            source = ?config.source,
             "control plane started"
         );
         Ok(Self {
@@ -676,22 +726,78 @@ fn stop_signal(
     }
 }
 
-/// Re-reads the folder when its contents change.
-struct Watcher {
-    dir: PathBuf,
+/// Turns each new model into what is served: the snapshot, the CA's node identities, the
+/// load status and readiness.
+struct Applier {
     translate: TranslateOptions,
     cache: SnapshotCache,
     status: watch::Sender<LoadStatus>,
-    /// Hash of the folder's file names and contents at the last load.
-    fingerprint: Option<u64>,
-    /// A changed fingerprint seen once, loaded if the next check sees it again.
-    pending: Option<u64>,
     /// Holds once a load has been applied.
     loaded: Condition,
     metrics: ManifestMetrics,
     /// The workloads on each node, for the CA's impersonation rule.
     nodes: watch::Sender<Arc<ca::NodeIdentities>>,
     trust_domain: TrustDomain,
+}
+
+impl Applier {
+    /// Serves `result` when it is a model; keeps serving the last one on errors.
+    fn apply(&mut self, result: Result<ManifestSet, manifests::ManifestErrors>) {
+        let mut status = self.status.borrow().clone();
+        status.loads += 1;
+        match result {
+            Ok(set) => {
+                for warning in &set.warnings {
+                    tracing::warn!(%warning, "manifest applied with a warning");
+                }
+                let derived = ambient::derive(&set, &self.translate);
+                let snapshot = translate::snapshot_of(&set, &derived, &self.translate);
+                let gateway_routes = gateway_api::route_table(&set, &self.translate);
+                gateway_api::log_status(&gateway_routes);
+                status.gateway_api = gateway_api::status_json(&gateway_routes);
+                self.nodes
+                    .send_replace(Arc::new(ca::NodeIdentities::of_workloads(
+                        &derived.workloads,
+                        &self.trust_domain,
+                    )));
+                self.cache.set(snapshot);
+                status.applied += 1;
+                status.errors.clear();
+                self.loaded.set_ready();
+                self.metrics.applied();
+                tracing::info!(
+                    ingresses = set.ingresses.len(),
+                    services = derived.services.len(),
+                    workloads = derived.workloads.len(),
+                    pods = set.pods.len(),
+                    secrets = set.secrets.len(),
+                    authorization_policies = set.authorization_policies.len(),
+                    peer_authentications = set.peer_authentications.len(),
+                    gateways = set.gateway_api.gateways.len(),
+                    http_routes = set.gateway_api.http_routes.len(),
+                    "manifests loaded"
+                );
+            }
+            Err(errors) => {
+                for error in &errors.0 {
+                    tracing::warn!(%error, "manifest rejected; still serving the last good configuration");
+                }
+                self.metrics.rejected(errors.0.len());
+                status.errors = errors.0;
+            }
+        }
+        self.status.send_replace(status);
+    }
+}
+
+/// Re-reads the folder when its contents change.
+struct Watcher {
+    dir: PathBuf,
+    /// Hash of the folder's file names and contents at the last load.
+    fingerprint: Option<u64>,
+    /// A changed fingerprint seen once, loaded if the next check sees it again.
+    pending: Option<u64>,
+    applier: Applier,
 }
 
 impl Watcher {
@@ -710,49 +816,7 @@ impl Watcher {
         }
         self.pending = None;
         self.fingerprint = Some(fingerprint);
-        let result = ManifestSet::load_dir(&self.dir);
-        let mut status = self.status.borrow().clone();
-        status.loads += 1;
-        match result {
-            Ok(set) => {
-                for warning in &set.warnings {
-                    tracing::warn!(%warning, "manifest applied with a warning");
-                }
-                let snapshot = translate::build_snapshot(&set, &self.translate);
-                let gateway_routes = gateway_api::route_table(&set, &self.translate);
-                gateway_api::log_status(&gateway_routes);
-                status.gateway_api = gateway_api::status_json(&gateway_routes);
-                self.nodes
-                    .send_replace(Arc::new(ca::NodeIdentities::of_manifests(
-                        &set,
-                        &self.trust_domain,
-                    )));
-                self.cache.set(snapshot);
-                status.applied += 1;
-                status.errors.clear();
-                self.loaded.set_ready();
-                self.metrics.applied();
-                tracing::info!(
-                    ingresses = set.ingresses.len(),
-                    services = set.service_entries.len(),
-                    workloads = set.workload_entries.len(),
-                    secrets = set.secrets.len(),
-                    authorization_policies = set.authorization_policies.len(),
-                    peer_authentications = set.peer_authentications.len(),
-                    gateways = set.gateway_api.gateways.len(),
-                    http_routes = set.gateway_api.http_routes.len(),
-                    "manifests loaded"
-                );
-            }
-            Err(errors) => {
-                for error in &errors.0 {
-                    tracing::warn!(%error, "manifest rejected; still serving the last good configuration");
-                }
-                self.metrics.rejected(errors.0.len());
-                status.errors = errors.0;
-            }
-        }
-        self.status.send_replace(status);
+        self.applier.apply(ManifestSet::load_dir(&self.dir));
     }
 }
 

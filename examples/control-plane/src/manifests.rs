@@ -13,6 +13,8 @@
 //! | `PeerAuthentication` | `security.istio.io/v1`, `v1beta1` | selector, mtls mode, portLevelMtls, creationTimestamp |
 //! | `GatewayClass`, `Gateway`, `HTTPRoute` | `gateway.networking.k8s.io/v1`, `v1beta1` | the whole object, validated by the CRD's rules |
 //! | `ReferenceGrant` | `gateway.networking.k8s.io/v1beta1`, `v1` | the whole object, validated by the CRD's rules |
+//! | `Namespace`, `Node`, `Pod`, `Service` | `v1` | the whole object; [`ambient`](crate::ambient) derives workloads and services from them |
+//! | `EndpointSlice` | `discovery.k8s.io/v1` | the whole object (the endpoints of Services without a selector) |
 //!
 //! A `List` document contributes its items. Files are the `*.yaml`, `*.yml` and `*.json` files
 //! directly in the folder, read in name order; hidden files are ignored. Every problem is
@@ -28,6 +30,9 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use meshkit_ingress_model::gateway::manifest::GatewayApiObjects;
 use meshkit_ingress_model::{Ingress, IngressClass};
 use serde::Deserialize;
@@ -60,6 +65,16 @@ pub struct ManifestSet {
     pub peer_authentications: Vec<PeerAuthentication>,
     /// Gateway API objects, validated.
     pub gateway_api: GatewayApiObjects,
+    /// Kubernetes Namespaces (the system namespace's labels name the network).
+    pub namespaces: Vec<Namespace>,
+    /// Kubernetes Nodes (their labels give a Pod's locality).
+    pub nodes: Vec<Node>,
+    /// Kubernetes Pods, with their namespace set.
+    pub pods: Vec<Pod>,
+    /// Kubernetes Services, with their namespace set.
+    pub services: Vec<Service>,
+    /// Kubernetes EndpointSlices, with their namespace set.
+    pub endpoint_slices: Vec<EndpointSlice>,
     /// What was read but cannot be enforced as written (an AuthorizationPolicy's HTTP
     /// attributes), and what was skipped; the load succeeds with these.
     pub warnings: Vec<ManifestError>,
@@ -274,10 +289,23 @@ impl ManifestSet {
         for (index, document) in documents.into_iter().enumerate() {
             let at = Location {
                 file,
-                document: index,
+                document: Some(index),
             };
             self.add_value(&at, "", document, &mut errors);
         }
+        errors
+    }
+
+    /// Adds one object as the Kubernetes API serves it (JSON with `apiVersion` and `kind`);
+    /// `origin` names it in the problems reported (`Pod shop/api-0`, say). Returns the
+    /// problems found; an object with one is left out.
+    pub fn add_object(&mut self, origin: &str, object: Value) -> Vec<ManifestError> {
+        let at = Location {
+            file: Path::new(origin),
+            document: None,
+        };
+        let mut errors = Vec::new();
+        self.add_value(&at, "", object, &mut errors);
         errors
     }
 
@@ -343,6 +371,13 @@ impl ManifestSet {
             ("PeerAuthentication", v) if SECURITY_VERSIONS.contains(&v) => {
                 crate::policy::parse_peer_authentication(value)
                     .and_then(|p| self.add_peer_authentication(p))
+            }
+            ("Namespace", "v1") => add_core(&mut self.namespaces, "Namespace", value, false),
+            ("Node", "v1") => add_core(&mut self.nodes, "Node", value, false),
+            ("Pod", "v1") => add_core(&mut self.pods, "Pod", value, true),
+            ("Service", "v1") => add_core(&mut self.services, "Service", value, true),
+            ("EndpointSlice", "discovery.k8s.io/v1") => {
+                add_core(&mut self.endpoint_slices, "EndpointSlice", value, true)
             }
             ("AuthorizationPolicy" | "PeerAuthentication", v) => Err(vec![(
                 "apiVersion".to_owned(),
@@ -745,7 +780,7 @@ impl ManifestSet {
 
 struct Location<'a> {
     file: &'a Path,
-    document: usize,
+    document: Option<usize>,
 }
 
 impl Location<'_> {
@@ -753,11 +788,59 @@ impl Location<'_> {
         let field = field.trim_end_matches('.');
         ManifestError {
             file: self.file.to_path_buf(),
-            document: Some(self.document),
+            document: self.document,
             field: (!field.is_empty()).then(|| field.to_owned()),
             message: message.to_owned(),
         }
     }
+}
+
+/// A Kubernetes object kept whole; one that is namespaced is in `default` when it names no
+/// namespace.
+trait Object: serde::de::DeserializeOwned {
+    fn meta(&self) -> &ObjectMeta;
+    fn meta_mut(&mut self) -> &mut ObjectMeta;
+}
+
+macro_rules! object {
+    ($($t:ty),*) => {$(
+        impl Object for $t {
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    )*};
+}
+object!(Namespace, Node, Pod, Service, EndpointSlice);
+
+fn add_core<T: Object>(
+    into: &mut Vec<T>,
+    kind: &str,
+    value: Value,
+    namespaced: bool,
+) -> Result<(), Vec<(String, String)>> {
+    let mut object: T = deserialize(value)?;
+    let meta = object.meta_mut();
+    if namespaced && meta.namespace.as_deref().is_none_or(str::is_empty) {
+        meta.namespace = Some("default".to_owned());
+    }
+    // The API server has validated the names of what it serves; a file's are only required.
+    let Some(name) = meta.name.clone().filter(|n| !n.is_empty()) else {
+        return Err(one("metadata.name", "required"));
+    };
+    let key = |m: &ObjectMeta| (m.namespace.clone(), m.name.clone());
+    if into.iter().any(|o| key(o.meta()) == key(object.meta())) {
+        let name = match &object.meta().namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name,
+        };
+        return Err(defined_twice(kind, &name));
+    }
+    into.push(object);
+    Ok(())
 }
 
 fn defined_twice(kind: &str, key: &str) -> Vec<(String, String)> {

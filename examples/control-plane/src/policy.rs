@@ -49,7 +49,8 @@ use meshkit_mesh::authz::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::manifests::{RawMeta, WorkloadEntry, check_name, deserialize, namespace};
+use crate::ambient::MeshWorkload;
+use crate::manifests::{RawMeta, check_name, deserialize, namespace};
 
 /// Name of the static DENY policy that STRICT mutual TLS becomes.
 pub const STATIC_STRICT_POLICY: &str = "istio_converted_static_strict";
@@ -628,8 +629,7 @@ fn mtls_mode(field: &str, mode: Option<&str>, problems: &mut Vec<Problem>) -> Mt
 pub struct Translated {
     /// Every policy to serve.
     pub policies: Vec<Policy>,
-    /// The keys (`namespace/name`) each workload names, by `namespace/name` of its
-    /// WorkloadEntry, sorted.
+    /// The keys (`namespace/name`) each workload names, by the workload's uid, sorted.
     pub workload_policies: BTreeMap<String, Vec<String>>,
 }
 
@@ -637,7 +637,7 @@ pub struct Translated {
 pub fn translate(
     authorization: &[AuthorizationPolicy],
     peer: &[PeerAuthentication],
-    workloads: &[WorkloadEntry],
+    workloads: &[MeshWorkload],
     root: &str,
 ) -> Translated {
     let mut out = Translated::default();
@@ -662,7 +662,7 @@ pub fn translate(
     for w in workloads {
         let mut keys: Vec<String> = authorization
             .iter()
-            .filter(|p| p.namespace == w.namespace || p.namespace == root)
+            .filter(|p| p.namespace == w.workload.namespace || p.namespace == root)
             .filter(|p| p.selector.as_ref().is_some_and(|s| w.has_labels(s)))
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
@@ -681,8 +681,7 @@ pub fn translate(
         keys.sort();
         keys.dedup();
         if !keys.is_empty() {
-            out.workload_policies
-                .insert(format!("{}/{}", w.namespace, w.name), keys);
+            out.workload_policies.insert(w.workload.uid.clone(), keys);
         }
     }
     if static_strict_used {
@@ -724,7 +723,7 @@ enum PeerPolicy<'a> {
 
 fn peer_policy_for<'a>(
     peer: &'a [PeerAuthentication],
-    w: &WorkloadEntry,
+    w: &MeshWorkload,
     root: &str,
 ) -> PeerPolicy<'a> {
     let oldest = |candidates: Vec<&'a PeerAuthentication>| {
@@ -744,12 +743,14 @@ fn peer_policy_for<'a>(
     );
     let namespace = oldest(
         peer.iter()
-            .filter(|p| p.namespace == w.namespace && p.namespace != root && p.selector.is_none())
+            .filter(|p| {
+                p.namespace == w.workload.namespace && p.namespace != root && p.selector.is_none()
+            })
             .collect(),
     );
     let workload = oldest(
         peer.iter()
-            .filter(|p| p.namespace == w.namespace && p.namespace != root)
+            .filter(|p| p.namespace == w.workload.namespace && p.namespace != root)
             .filter(|p| p.selector.as_ref().is_some_and(|s| w.has_labels(s)))
             .collect(),
     );

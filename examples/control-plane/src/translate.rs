@@ -73,7 +73,8 @@ use meshkit_xds_client::{
 };
 use prost::{Message, Name};
 
-use super::manifests::{ManifestSet, ServiceEntry, ServicePort, TlsSecret};
+use crate::ambient::{Derived, target_port};
+use crate::manifests::{ManifestSet, ServiceEntry, ServicePort, TlsSecret};
 use meshkit_mesh::proto::security;
 use meshkit_mesh::proto::workload;
 use meshkit_mesh::resources::{
@@ -89,6 +90,9 @@ pub struct TranslateOptions {
     pub trust_domain: String,
     /// Cluster id in workload uids. Default `Kubernetes`.
     pub cluster_id: String,
+    /// The cluster's DNS domain: a Service's host is `NAME.NAMESPACE.svc.DOMAIN`. Default
+    /// `cluster.local`.
+    pub domain_suffix: String,
     /// Istio's root namespace: its AuthorizationPolicies without a selector are GLOBAL, and
     /// its PeerAuthentication without a selector is mesh-wide. Default `istio-system`.
     pub root_namespace: String,
@@ -109,6 +113,23 @@ pub struct TranslateOptions {
     /// [`DEFAULT_CONTROLLER`](crate::gateway_api::DEFAULT_CONTROLLER).
     pub gateway_controller: Option<String>,
 }
+
+/// Every type URL a snapshot holds (each declared, so an empty one is served as empty).
+pub const TYPE_URLS: [&str; 13] = [
+    ADDRESS_TYPE_URL,
+    AUTHORIZATION_TYPE_URL,
+    INGRESS_TYPE_URL,
+    INGRESS_CLASS_TYPE_URL,
+    GATEWAY_CLASS_TYPE_URL,
+    GATEWAY_TYPE_URL,
+    HTTP_ROUTE_TYPE_URL,
+    REFERENCE_GRANT_TYPE_URL,
+    LISTENER_TYPE_URL,
+    ROUTE_TYPE_URL,
+    CLUSTER_TYPE_URL,
+    ENDPOINT_TYPE_URL,
+    SECRET_TYPE_URL,
+];
 
 /// A resolved Ingress backend: the cluster to route to.
 struct Backend<'a> {
@@ -131,6 +152,7 @@ impl Default for TranslateOptions {
         Self {
             trust_domain: "cluster.local".to_owned(),
             cluster_id: "Kubernetes".to_owned(),
+            domain_suffix: "cluster.local".to_owned(),
             root_namespace: "istio-system".to_owned(),
             http_listener: SocketAddr::from(([0, 0, 0, 0], 8080)),
             https_listener: Some(SocketAddr::from(([0, 0, 0, 0], 8443))),
@@ -163,28 +185,19 @@ fn ingress_key(ingress: &Ingress) -> (String, String) {
 
 /// Translates `set` into every resource type the control plane serves.
 pub fn build_snapshot(set: &ManifestSet, options: &TranslateOptions) -> Snapshot {
+    snapshot_of(set, &crate::ambient::derive(set, options), options)
+}
+
+/// [`build_snapshot`] with the workloads and services already derived from `set`.
+pub fn snapshot_of(set: &ManifestSet, derived: &Derived, options: &TranslateOptions) -> Snapshot {
     let mut b = SnapshotBuilder::new();
-    for url in [
-        ADDRESS_TYPE_URL,
-        AUTHORIZATION_TYPE_URL,
-        INGRESS_TYPE_URL,
-        INGRESS_CLASS_TYPE_URL,
-        GATEWAY_CLASS_TYPE_URL,
-        GATEWAY_TYPE_URL,
-        HTTP_ROUTE_TYPE_URL,
-        REFERENCE_GRANT_TYPE_URL,
-        LISTENER_TYPE_URL,
-        ROUTE_TYPE_URL,
-        CLUSTER_TYPE_URL,
-        ENDPOINT_TYPE_URL,
-        SECRET_TYPE_URL,
-    ] {
+    for url in TYPE_URLS {
         b.declare(url);
     }
     let policies = crate::policy::translate(
         &set.authorization_policies,
         &set.peer_authentications,
-        &set.workload_entries,
+        &derived.workloads,
         &options.root_namespace,
     );
     for policy in &policies.policies {
@@ -194,7 +207,7 @@ pub fn build_snapshot(set: &ManifestSet, options: &TranslateOptions) -> Snapshot
             &security::Authorization::from(policy),
         );
     }
-    add_addresses(&mut b, set, options, &policies.workload_policies);
+    add_addresses(&mut b, derived, &policies.workload_policies);
     for ingress in &set.ingresses {
         let (ns, name) = ingress_key(ingress);
         b.add(INGRESS_TYPE_URL, &ns_name(&ns, &name), ingress);
@@ -223,137 +236,30 @@ pub fn build_snapshot(set: &ManifestSet, options: &TranslateOptions) -> Snapshot
 
 // === workload API ===
 
-fn ip_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
-
 fn add_addresses(
     b: &mut SnapshotBuilder,
-    set: &ManifestSet,
-    options: &TranslateOptions,
+    derived: &Derived,
     workload_policies: &BTreeMap<String, Vec<String>>,
 ) {
-    for se in &set.service_entries {
-        let Some(hostname) = se.hosts.first() else {
-            continue;
-        };
-        let service = workload::Service {
-            name: se.name.clone(),
-            namespace: se.namespace.clone(),
-            hostname: hostname.clone(),
-            addresses: se
-                .addresses
-                .iter()
-                .map(|ip| workload::NetworkAddress {
-                    network: String::new(),
-                    address: ip_bytes(*ip),
-                    length: None,
-                })
-                .collect(),
-            ports: se
-                .ports
-                .iter()
-                .map(|p| workload::Port {
-                    service_port: u32::from(p.number),
-                    target_port: u32::from(p.target_port.unwrap_or(0)),
-                    app_protocol: app_protocol(&p.protocol) as i32,
-                })
-                .collect(),
-            ..Default::default()
-        };
+    for service in &derived.services {
+        let name = ns_name(&service.namespace, &service.hostname);
         let address = workload::Address {
-            r#type: Some(workload::address::Type::Service(service)),
+            r#type: Some(workload::address::Type::Service(service.clone())),
         };
-        b.add(
-            ADDRESS_TYPE_URL,
-            &ns_name(&se.namespace, hostname),
-            &address,
-        );
+        b.add(ADDRESS_TYPE_URL, &name, &address);
     }
-    for we in &set.workload_entries {
-        let uid = format!(
-            "{}/networking.istio.io/WorkloadEntry/{}/{}",
-            options.cluster_id, we.namespace, we.name
-        );
-        let services = set
-            .service_entries
-            .iter()
-            .filter(|se| se.namespace == we.namespace && we.matches(&se.workload_selector))
-            .filter_map(|se| {
-                let hostname = se.hosts.first()?;
-                let ports = se
-                    .ports
-                    .iter()
-                    .map(|p| workload::Port {
-                        service_port: u32::from(p.number),
-                        target_port: u32::from(target_port(p, &we.ports)),
-                        app_protocol: app_protocol(&p.protocol) as i32,
-                    })
-                    .collect();
-                Some((
-                    ns_name(&se.namespace, hostname),
-                    workload::PortList { ports },
-                ))
-            })
-            .collect();
-        let workload = workload::Workload {
-            uid: uid.clone(),
-            name: we.name.clone(),
-            namespace: we.namespace.clone(),
-            addresses: vec![ip_bytes(we.address)],
-            network: we.network.clone(),
-            tunnel_protocol: workload::TunnelProtocol::Hbone as i32,
-            trust_domain: options.trust_domain.clone(),
-            service_account: we.service_account.clone(),
-            node: we.node.clone().unwrap_or_default(),
-            canonical_name: we
-                .labels
-                .get("app")
-                .cloned()
-                .unwrap_or_else(|| we.name.clone()),
-            canonical_revision: we
-                .labels
-                .get("version")
-                .cloned()
-                .unwrap_or_else(|| "latest".to_owned()),
-            workload_name: we.name.clone(),
-            services,
-            authorization_policies: workload_policies
-                .get(&ns_name(&we.namespace, &we.name))
-                .cloned()
-                .unwrap_or_default(),
-            status: workload::WorkloadStatus::Healthy as i32,
-            cluster_id: options.cluster_id.clone(),
-            ..Default::default()
-        };
+    for w in &derived.workloads {
+        let mut workload = w.workload.clone();
+        workload.authorization_policies = workload_policies
+            .get(&workload.uid)
+            .cloned()
+            .unwrap_or_default();
+        let uid = workload.uid.clone();
         let address = workload::Address {
             r#type: Some(workload::address::Type::Workload(workload)),
         };
         b.add(ADDRESS_TYPE_URL, &uid, &address);
     }
-}
-
-/// The workload API's protocol for a ServiceEntry port's `protocol` (Istio's names).
-fn app_protocol(protocol: &str) -> workload::AppProtocol {
-    match protocol.to_ascii_uppercase().as_str() {
-        "HTTP" => workload::AppProtocol::Http11,
-        "HTTP2" => workload::AppProtocol::Http2,
-        "GRPC" => workload::AppProtocol::Grpc,
-        "TCP" => workload::AppProtocol::Tcp,
-        "TLS" | "HTTPS" => workload::AppProtocol::Tls,
-        _ => workload::AppProtocol::Unknown,
-    }
-}
-
-fn target_port(port: &ServicePort, overrides: &BTreeMap<String, u16>) -> u16 {
-    overrides
-        .get(&port.name)
-        .copied()
-        .or(port.target_port)
-        .unwrap_or(port.number)
 }
 
 // === Envoy ===

@@ -1,6 +1,7 @@
-//! meshkit's control plane: reads a folder of Kubernetes and Istio manifests, serves them over
-//! ADS (SotW and Delta) to node proxies, meshkit's gateway and Envoy, and runs a CA for
-//! bootstrap-token holders. See `docs/control-plane.md`.
+//! meshkit's control plane: reads the Kubernetes API server (or a folder of Kubernetes and
+//! Istio manifests), serves what it reads over ADS (SotW and Delta) to node proxies,
+//! meshkit's gateway and Envoy, and runs a CA for bootstrap-token holders. See
+//! `docs/control-plane.md`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use clap::Parser;
 use meshkit_cli::{CliError, init_logging_with_filter, stop_signal};
 use meshkit_control_plane::LogFilter;
 use meshkit_control_plane::ca::TokenGrants;
+use meshkit_control_plane::kube_source::{self, KubeSourceConfig};
 use meshkit_control_plane::tls::ServingTls;
 use meshkit_control_plane::translate::TranslateOptions;
 use meshkit_control_plane::{CaSource, ControlPlane, ControlPlaneConfig};
@@ -18,15 +20,27 @@ use meshkit_control_plane::{CaSource, ControlPlane, ControlPlaneConfig};
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Serve a folder of manifests over ADS, and certificates over Istio's CA protocol.
+/// Serve the mesh read from Kubernetes (or a folder of manifests) over ADS, and certificates
+/// over Istio's CA protocol.
+///
+/// The source: `--kubeconfig`, `--in-cluster` or `--manifests`; with none of them, the
+/// cluster the process runs in when it runs in a Pod, else `examples/demo/manifests`.
 #[derive(Parser, Debug)]
 #[command(name = "control-plane", version)]
 struct Args {
     /// Folder of manifests (Ingress, IngressClass, TLS Secret, ServiceEntry, WorkloadEntry,
     /// AuthorizationPolicy, PeerAuthentication, GatewayClass, Gateway, HTTPRoute,
-    /// ReferenceGrant); re-read when a file changes.
-    #[arg(long, default_value = "examples/demo/manifests")]
-    manifests: PathBuf,
+    /// ReferenceGrant, Namespace, Node, Pod, Service, EndpointSlice); re-read when a file
+    /// changes.
+    #[arg(long, conflicts_with_all = ["kubeconfig", "in_cluster"])]
+    manifests: Option<PathBuf>,
+    /// Watch the Kubernetes API server this kubeconfig file names (its current context).
+    #[arg(long, conflicts_with = "in_cluster")]
+    kubeconfig: Option<PathBuf>,
+    /// Watch the API server of the cluster the process runs in, with its Pod's
+    /// ServiceAccount.
+    #[arg(long)]
+    in_cluster: bool,
     /// ADS listen address.
     #[arg(long, default_value = "127.0.0.1:15010")]
     ads_listen: SocketAddr,
@@ -91,6 +105,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
+    let kube = source(&args).await?;
     let trust_domain = args
         .trust_domain
         .parse()
@@ -117,7 +132,15 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
         gateway_controller: Some(args.gateway_controller),
         ..TranslateOptions::default()
     };
-    let config = ControlPlaneConfig::new(args.manifests)
+    let config = match kube {
+        Some(kube) => ControlPlaneConfig::kubernetes(KubeSourceConfig::new(kube)),
+        None => ControlPlaneConfig::new(
+            args.manifests
+                .clone()
+                .unwrap_or_else(|| "examples/demo/manifests".into()),
+        ),
+    };
+    let config = config
         .with_ads_addr(args.ads_listen)
         .with_ca_addr(args.ca_listen)
         .with_trust_domain(trust_domain)
@@ -148,4 +171,23 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
     tracing::info!("stopping");
     cp.shutdown().await;
     Ok(())
+}
+
+/// The Kubernetes client the arguments ask for, `None` for the manifests folder.
+async fn source(args: &Args) -> Result<Option<kube::Client>, CliError> {
+    let in_a_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let config = if let Some(path) = &args.kubeconfig {
+        let file = kube::config::Kubeconfig::read_from(path)
+            .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?
+    } else if args.in_cluster || (args.manifests.is_none() && in_a_pod) {
+        kube::Config::incluster().map_err(|e| format!("in-cluster configuration: {e}"))?
+    } else {
+        return Ok(None);
+    };
+    let client = kube_source::client(&config, meshkit_cli::crypto_provider())
+        .map_err(|e| format!("Kubernetes client: {}", meshkit_cli::error_chain(&e)))?;
+    Ok(Some(client))
 }

@@ -1,0 +1,518 @@
+//! The Kubernetes API server as the control plane's source: one watch per kind ([`KINDS`]),
+//! the objects kept in memory as the API serves them, and on every change the same
+//! [`ManifestSet`] the manifests folder gives, built from them.
+//!
+//! - A kind's objects are replaced whole by each full list (the first, and any relist after
+//!   the watch's resource version expired), then kept current by its events.
+//! - Nothing is served until every kind has been listed once: a control plane that started
+//!   serving with Pods but no policies yet would open what the policies close.
+//! - A kind the API server does not serve (a CRD that is not installed) counts as listed and
+//!   empty; its watch keeps retrying with backoff, so a CRD installed later is picked up.
+//! - An object the model refuses is left out and reported as a warning; the others are
+//!   served. The API server has validated what it stores, so this is rare, unlike in a
+//!   folder.
+//! - Changes are gathered for [`KubeSourceConfig::settle`] (100 ms by default) before a
+//!   snapshot is built, so a burst of events (a Deployment's Pods starting) makes one push.
+//! - Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
+//!   reaches the control plane's memory.
+//!
+//! The client is built by [`client`], over rustls with the crypto provider the caller
+//! chooses.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::client::ConfigExt as _;
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher;
+use rustls::crypto::CryptoProvider;
+use serde_json::Value;
+use tokio::sync::{Notify, watch};
+
+use crate::manifests::{ManifestError, ManifestSet};
+
+/// A kind the control plane watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kind {
+    /// API group, empty for the core group.
+    pub group: &'static str,
+    /// Version watched.
+    pub version: &'static str,
+    /// Kind.
+    pub kind: &'static str,
+    /// Resource name (plural).
+    pub plural: &'static str,
+    /// Field selector of the watch, if any.
+    pub fields: Option<&'static str>,
+}
+
+/// Every kind the control plane reads from the API server.
+pub const KINDS: &[Kind] = &[
+    core("Namespace", "namespaces"),
+    core("Node", "nodes"),
+    core("Pod", "pods"),
+    core("Service", "services"),
+    Kind {
+        fields: Some("type=kubernetes.io/tls"),
+        ..core("Secret", "secrets")
+    },
+    kind("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
+    kind("networking.k8s.io", "v1", "Ingress", "ingresses"),
+    kind("networking.k8s.io", "v1", "IngressClass", "ingressclasses"),
+    kind(
+        "gateway.networking.k8s.io",
+        "v1",
+        "GatewayClass",
+        "gatewayclasses",
+    ),
+    kind("gateway.networking.k8s.io", "v1", "Gateway", "gateways"),
+    kind("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes"),
+    kind(
+        "gateway.networking.k8s.io",
+        "v1",
+        "ReferenceGrant",
+        "referencegrants",
+    ),
+    kind(
+        "security.istio.io",
+        "v1",
+        "AuthorizationPolicy",
+        "authorizationpolicies",
+    ),
+    kind(
+        "security.istio.io",
+        "v1",
+        "PeerAuthentication",
+        "peerauthentications",
+    ),
+    kind(
+        "networking.istio.io",
+        "v1",
+        "ServiceEntry",
+        "serviceentries",
+    ),
+    kind(
+        "networking.istio.io",
+        "v1",
+        "WorkloadEntry",
+        "workloadentries",
+    ),
+];
+
+/// The resource to write an object of `apiVersion` and `kind` to, and whether it is
+/// namespaced, when its kind is one the control plane watches (at any version of its group:
+/// a `networking.istio.io/v1beta1` ServiceEntry is written as `v1beta1`).
+pub fn resource_of(api_version: &str, kind: &str) -> Option<(ApiResource, bool)> {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let watched = KINDS.iter().find(|k| k.group == group && k.kind == kind)?;
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    Some((
+        ApiResource::from_gvk_with_plural(&gvk, watched.plural),
+        watched.namespaced(),
+    ))
+}
+
+// === impl Kind ===
+
+impl Kind {
+    /// `GROUP/VERSION`, or `VERSION` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The resource, for a dynamic [`Api`].
+    pub fn api_resource(&self) -> ApiResource {
+        let gvk = GroupVersionKind::gvk(self.group, self.version, self.kind);
+        ApiResource::from_gvk_with_plural(&gvk, self.plural)
+    }
+
+    /// Whether its objects belong to a namespace.
+    pub fn namespaced(&self) -> bool {
+        !matches!(
+            self.kind,
+            "Namespace" | "Node" | "IngressClass" | "GatewayClass"
+        )
+    }
+}
+
+const fn core(kind: &'static str, plural: &'static str) -> Kind {
+    Kind {
+        group: "",
+        version: "v1",
+        kind,
+        plural,
+        fields: None,
+    }
+}
+
+const fn kind(
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+) -> Kind {
+    Kind {
+        group,
+        version,
+        kind,
+        plural,
+        fields: None,
+    }
+}
+
+/// How the control plane reads the API server.
+#[derive(Clone)]
+pub struct KubeSourceConfig {
+    /// The client.
+    pub client: kube::Client,
+    /// How long changes are gathered before a snapshot is built. Default 100 ms.
+    pub settle: Duration,
+}
+
+impl std::fmt::Debug for KubeSourceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeSourceConfig")
+            .field("settle", &self.settle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeSourceConfig {
+    /// Reads through `client`, with the default settle time.
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            settle: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Why a client could not be made: which part of the configuration, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("unusable Kubernetes client configuration: {what}")]
+pub struct ClientError {
+    what: &'static str,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl ClientError {
+    /// The part of the configuration: `the API server's CA`, `the client certificate`,
+    /// `the client key`, `the TLS versions` or `the credentials`.
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+}
+
+/// A client for `config` over rustls with `provider`: the API server's CA from the
+/// configuration, the client certificate when it has one, and its token, token file or exec
+/// plugin (a token file is re-read as it rotates).
+///
+/// # Errors
+///
+/// When the configuration's CA, client certificate or credentials cannot be used.
+pub fn client(
+    config: &kube::Config,
+    provider: Arc<CryptoProvider>,
+) -> Result<kube::Client, ClientError> {
+    use rustls_pki_types::pem::PemObject as _;
+    fn bad<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+        what: &'static str,
+    ) -> impl FnOnce(E) -> ClientError {
+        move |e| ClientError {
+            what,
+            source: e.into(),
+        }
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for der in config.root_cert.iter().flatten() {
+        roots
+            .add(rustls_pki_types::CertificateDer::from(der.clone()))
+            .map_err(bad("the API server's CA"))?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(bad("the TLS versions"))?
+        .with_root_certificates(roots);
+    let auth = &config.auth_info;
+    let cert = pem_of(
+        auth.client_certificate_data.as_deref(),
+        auth.client_certificate.as_deref(),
+    )
+    .map_err(bad("the client certificate"))?;
+    let key = pem_of(
+        auth.client_key_data
+            .as_ref()
+            .map(secrecy::ExposeSecret::expose_secret),
+        auth.client_key.as_deref(),
+    )
+    .map_err(bad("the client key"))?;
+    let tls = match (cert, key) {
+        (Some(cert), Some(key)) => {
+            let chain = rustls_pki_types::CertificateDer::pem_slice_iter(&cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(bad("the client certificate"))?;
+            let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(&key)
+                .map_err(bad("the client key"))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(bad("the client certificate"))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        (Some(_), None) => return Err(bad("the client key")("a certificate without its key")),
+        (None, Some(_)) => {
+            return Err(bad("the client certificate")(
+                "a key without its certificate",
+            ));
+        }
+    };
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, kube::client::Body>(https);
+    let auth = config.auth_layer().map_err(bad("the credentials"))?;
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(auth)
+        .map_err(tower::BoxError::from)
+        .service(hyper);
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
+
+/// PEM from a kubeconfig's base64 `*-data` field, else from the file it names.
+fn pem_of(
+    data: Option<&str>,
+    file: Option<&str>,
+) -> Result<Option<Vec<u8>>, Box<dyn std::error::Error + Send + Sync>> {
+    use base64::Engine as _;
+    if let Some(data) = data {
+        let compact: String = data.split_whitespace().collect();
+        return Ok(Some(
+            base64::engine::general_purpose::STANDARD.decode(compact)?,
+        ));
+    }
+    match file {
+        Some(path) => Ok(Some(
+            std::fs::read(path).map_err(|e| format!("{path}: {e}"))?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// The objects of every kind, as the API serves them, and which kinds are listed.
+#[derive(Default)]
+struct Store {
+    objects: BTreeMap<&'static str, BTreeMap<(String, String), Value>>,
+    listed: BTreeMap<&'static str, bool>,
+    /// A kind's objects during a (re)list, swapped in when it ends.
+    relisting: BTreeMap<&'static str, BTreeMap<(String, String), Value>>,
+}
+
+/// The watches of every kind; [`Watches::changed`] wakes on each change.
+pub(crate) struct Watches {
+    store: Arc<Mutex<Store>>,
+    changed: Arc<Notify>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Watches {
+    /// Starts a watch of each of [`KINDS`].
+    pub(crate) fn start(client: &kube::Client) -> Self {
+        let store = Arc::new(Mutex::new(Store::default()));
+        let changed = Arc::new(Notify::new());
+        let tasks = KINDS
+            .iter()
+            .map(|kind| {
+                tokio::spawn(watch_kind(
+                    client.clone(),
+                    *kind,
+                    Arc::clone(&store),
+                    Arc::clone(&changed),
+                ))
+            })
+            .collect();
+        Self {
+            store,
+            changed,
+            tasks,
+        }
+    }
+
+    /// Waits for the next change.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// The kinds not listed yet; empty once every kind has been.
+    pub(crate) fn unlisted(&self) -> Vec<&'static str> {
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        KINDS
+            .iter()
+            .map(|k| k.kind)
+            .filter(|k| !store.listed.get(k).copied().unwrap_or(false))
+            .collect()
+    }
+
+    /// The model of what is stored now; the objects it refuses are left out, each with a
+    /// warning.
+    pub(crate) fn manifest_set(&self) -> ManifestSet {
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let mut set = ManifestSet::default();
+        let mut refused: Vec<ManifestError> = Vec::new();
+        for kind in KINDS {
+            for ((namespace, name), object) in store.objects.get(kind.kind).into_iter().flatten() {
+                let origin = if namespace.is_empty() {
+                    format!("{} {name}", kind.kind)
+                } else {
+                    format!("{} {namespace}/{name}", kind.kind)
+                };
+                refused.extend(set.add_object(&origin, object.clone()));
+            }
+        }
+        set.warnings.extend(refused);
+        set
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Keeps `kind`'s objects in `store` current, for as long as the task runs.
+async fn watch_kind(
+    client: kube::Client,
+    kind: Kind,
+    store: Arc<Mutex<Store>>,
+    changed: Arc<Notify>,
+) {
+    let api: Api<DynamicObject> = Api::all_with(client, &kind.api_resource());
+    let mut config = watcher::Config::default();
+    if let Some(fields) = kind.fields {
+        config = config.fields(fields);
+    }
+    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    let mut absent_logged = false;
+    while let Some(event) = events.next().await {
+        let mut s = store.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            Ok(watcher::Event::Init) => {
+                s.relisting.insert(kind.kind, BTreeMap::new());
+            }
+            Ok(watcher::Event::InitApply(object)) => {
+                let (key, value) = entry(&kind, object);
+                s.relisting.entry(kind.kind).or_default().insert(key, value);
+            }
+            Ok(watcher::Event::InitDone) => {
+                let objects = s.relisting.remove(kind.kind).unwrap_or_default();
+                s.objects.insert(kind.kind, objects);
+                s.listed.insert(kind.kind, true);
+                absent_logged = false;
+                drop(s);
+                changed.notify_one();
+            }
+            Ok(watcher::Event::Apply(object)) => {
+                let (key, value) = entry(&kind, object);
+                s.objects.entry(kind.kind).or_default().insert(key, value);
+                drop(s);
+                changed.notify_one();
+            }
+            Ok(watcher::Event::Delete(object)) => {
+                let (key, _) = entry(&kind, object);
+                s.objects.entry(kind.kind).or_default().remove(&key);
+                drop(s);
+                changed.notify_one();
+            }
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
+                if status.code == 404 =>
+            {
+                // Not served (a CRD not installed): listed, and empty, until it is.
+                if !absent_logged {
+                    tracing::warn!(
+                        kind = kind.kind,
+                        group = kind.group,
+                        "the API server does not serve this kind; reading none until it does"
+                    );
+                    absent_logged = true;
+                }
+                let was_listed = s.listed.insert(kind.kind, true).unwrap_or(false);
+                let had = s.objects.remove(kind.kind).is_some_and(|o| !o.is_empty());
+                drop(s);
+                if !was_listed || had {
+                    changed.notify_one();
+                }
+            }
+            Err(error) => {
+                drop(s);
+                tracing::warn!(kind = kind.kind, error = %error, "watch failed; retrying with backoff");
+            }
+        }
+    }
+}
+
+/// The store's key and value of an object: `apiVersion` and `kind` set (list items come
+/// without them); `managedFields` left out (nothing reads them, and they are often the larger
+/// part of an object), and `resourceVersion` (it changes with every write, a status write
+/// too, and nothing served depends on it).
+fn entry(kind: &Kind, object: DynamicObject) -> ((String, String), Value) {
+    let key = (
+        object.metadata.namespace.clone().unwrap_or_default(),
+        object.metadata.name.clone().unwrap_or_default(),
+    );
+    let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut value {
+        map.insert("apiVersion".into(), Value::String(kind.api_version()));
+        map.insert("kind".into(), Value::String(kind.kind.to_owned()));
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            meta.remove("managedFields");
+            meta.remove("resourceVersion");
+        }
+    }
+    (key, value)
+}
+
+/// Runs the source: waits until every kind is listed, then hands `apply` a new model after
+/// each settled burst of changes, until `stop` says so.
+pub(crate) async fn run(
+    config: KubeSourceConfig,
+    mut apply: impl FnMut(ManifestSet),
+    mut stop: watch::Receiver<bool>,
+) {
+    let watches = Watches::start(&config.client);
+    let mut waiting_logged = false;
+    loop {
+        tokio::select! {
+            () = watches.changed() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        // Gather the rest of the burst.
+        tokio::select! {
+            () = tokio::time::sleep(config.settle) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let unlisted = watches.unlisted();
+        if !unlisted.is_empty() {
+            if !waiting_logged {
+                tracing::info!(?unlisted, "waiting for the first list of every kind");
+                waiting_logged = true;
+            }
+            continue;
+        }
+        apply(watches.manifest_set());
+    }
+}

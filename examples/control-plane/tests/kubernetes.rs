@@ -1,0 +1,665 @@
+//! The control plane with a real Kubernetes API server as its source (test-support's
+//! etcd + kube-apiserver): Pods, Services and EndpointSlices become the Address resources a
+//! node proxy receives over xDS, as istiod derives them, and a manifest-folder run and an API
+//! run of the same objects serve the same resources.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node as XdsNode;
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use meshkit_control_plane::ca::TokenGrants;
+use meshkit_control_plane::kube_source::{self, KubeSourceConfig};
+use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
+use meshkit_mesh::proto::workload::{self, address};
+use meshkit_mesh::resources::ADDRESS_TYPE_URL;
+use meshkit_test_support::apiserver::ApiServer;
+use meshkit_xds_client::CallCredentials;
+use prost::Message;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+const NODE_TOKEN: &str = "kube-node-a";
+const PATIENCE: Duration = Duration::from_secs(20);
+
+async fn start_control_plane(config: ControlPlaneConfig) -> ControlPlane {
+    let grants = TokenGrants::parse(&format!(
+        "{NODE_TOKEN} node=node-a spiffe://cluster.local/ns/shop/*\n"
+    ))
+    .expect("tokens");
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    ControlPlane::start(
+        config
+            .with_ads_addr(any)
+            .with_ca_addr(any)
+            .with_grants(grants)
+            .with_plaintext()
+            .with_poll_interval(Duration::from_millis(100)),
+    )
+    .await
+    .expect("control plane starts")
+}
+
+/// The Address resources node-a's node proxy receives on a new Delta stream, by name.
+async fn addresses(cp: &ControlPlane) -> BTreeMap<String, address::Type> {
+    let channel = tonic::transport::Endpoint::from_shared(cp.ads_uri())
+        .expect("ADS URI")
+        .connect_lazy();
+    let credentials = CallCredentials::bearer_token(NODE_TOKEN).expect("token");
+    let mut client = AggregatedDiscoveryServiceClient::with_interceptor(channel, credentials);
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(DeltaDiscoveryRequest {
+        node: Some(XdsNode {
+            id: "node-a".into(),
+            ..Default::default()
+        }),
+        type_url: ADDRESS_TYPE_URL.to_owned(),
+        resource_names_subscribe: vec!["*".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("queue");
+    let mut stream = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .expect("a Delta stream")
+        .into_inner();
+    let response = tokio::time::timeout(PATIENCE, stream.message())
+        .await
+        .expect("an answer")
+        .expect("no error")
+        .expect("a response");
+    response
+        .resources
+        .into_iter()
+        .map(|r| {
+            let any = r.resource.expect("a resource body");
+            let address = workload::Address::decode(any.value.as_slice()).expect("an Address");
+            (r.name, address.r#type.expect("a workload or service"))
+        })
+        .collect()
+}
+
+/// Polls [`addresses`] until `check` passes, for at most [`PATIENCE`].
+async fn until(
+    cp: &ControlPlane,
+    what: &str,
+    check: impl Fn(&BTreeMap<String, address::Type>) -> bool,
+) -> BTreeMap<String, address::Type> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let got = addresses(cp).await;
+        if check(&got) {
+            return got;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not after {PATIENCE:?}; node-a receives {:#?}",
+            got.keys().collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn pod_uid(ns: &str, name: &str) -> String {
+    format!("Kubernetes//Pod/{ns}/{name}")
+}
+
+fn workload<'a>(all: &'a BTreeMap<String, address::Type>, uid: &str) -> &'a workload::Workload {
+    match all.get(uid) {
+        Some(address::Type::Workload(w)) => w,
+        other => panic!("{uid}: {other:?}"),
+    }
+}
+
+fn service<'a>(all: &'a BTreeMap<String, address::Type>, name: &str) -> &'a workload::Service {
+    match all.get(name) {
+        Some(address::Type::Service(s)) => s,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+fn ip(bytes: &[u8]) -> IpAddr {
+    match bytes.len() {
+        4 => IpAddr::from(<[u8; 4]>::try_from(bytes).unwrap()),
+        _ => IpAddr::from(<[u8; 16]>::try_from(bytes).unwrap()),
+    }
+}
+
+fn ports(list: Option<&workload::PortList>) -> Vec<(u32, u32)> {
+    list.map(|l| {
+        l.ports
+            .iter()
+            .map(|p| (p.service_port, p.target_port))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// Creates or updates every object of `yaml` by server-side apply, then sets the `status` a
+/// Pod document carries, as a kubelet would.
+async fn apply(api: &ApiServer, yaml: &str) {
+    let documents: Vec<Value> = serde_saphyr::from_multiple(yaml).expect("test YAML");
+    for document in documents.into_iter().filter(|d| !d.is_null()) {
+        let api_version = document["apiVersion"].as_str().unwrap_or_default();
+        let kind_name = document["kind"].as_str().unwrap_or_default();
+        let (resource, namespaced) = kube_source::resource_of(api_version, kind_name)
+            .unwrap_or_else(|| panic!("{api_version} {kind_name} is not a watched kind"));
+        let name = document["metadata"]["name"].as_str().expect("a name");
+        let objects: Api<DynamicObject> = if namespaced {
+            let ns = document["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default");
+            Api::namespaced_with(api.client(), ns, &resource)
+        } else {
+            Api::all_with(api.client(), &resource)
+        };
+        let params = PatchParams::apply("meshkit-test").force();
+        objects
+            .patch(name, &params, &Patch::Apply(&document))
+            .await
+            .unwrap_or_else(|e| panic!("applying {kind_name} {name}: {e}"));
+        if let Some(status) = document.get("status").filter(|_| kind_name == "Pod") {
+            objects
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({ "status": status })),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("setting the status of Pod {name}: {e}"));
+        }
+    }
+}
+
+/// The objects of the derivation cases (docs/control-plane.md, "Workloads and services from
+/// Kubernetes").
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: istio-system, labels: {topology.istio.io/network: net-1}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {topology.kubernetes.io/region: eu-west, topology.kubernetes.io/zone: eu-west-1a}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: http-web}
+  - {name: tcp-admin, port: 9000, targetPort: 9000}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: elsewhere, namespace: shop}
+spec: {type: ExternalName, externalName: example.com}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: legacy, namespace: shop}
+spec:
+  clusterIP: 10.96.0.11
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: legacy-manual
+  namespace: shop
+  labels: {kubernetes.io/service-name: legacy}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.2.0.9]
+- addresses: [10.1.0.1]
+  targetRef: {kind: Pod, namespace: shop, name: web-0}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-0
+  namespace: shop
+  labels: {app: web, version: v1}
+  annotations: {ambient.istio.io/redirection: enabled}
+spec:
+  nodeName: node-a
+  serviceAccountName: web
+  containers:
+  - name: app
+    image: example.invalid/web
+    ports: [{name: http-web, containerPort: 8080}]
+status:
+  phase: Running
+  podIP: 10.1.0.1
+  podIPs: [{ip: 10.1.0.1}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-1
+  namespace: shop
+  labels: {app: web}
+spec:
+  nodeName: node-a
+  serviceAccountName: web
+  containers: [{name: app, image: example.invalid/web}]
+status:
+  phase: Running
+  podIP: 10.1.0.2
+  podIPs: [{ip: 10.1.0.2}]
+  conditions: [{type: Ready, status: "False"}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: starting, namespace: shop, labels: {app: web}}
+spec:
+  nodeName: node-a
+  containers: [{name: app, image: example.invalid/web}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: done, namespace: shop, labels: {app: web}}
+spec:
+  nodeName: node-a
+  restartPolicy: Never
+  containers: [{name: app, image: example.invalid/job}]
+status:
+  phase: Succeeded
+  podIP: 10.1.0.3
+  podIPs: [{ip: 10.1.0.3}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: host-agent, namespace: shop}
+spec:
+  nodeName: node-a
+  hostNetwork: true
+  containers: [{name: agent, image: example.invalid/agent}]
+status:
+  phase: Running
+  podIP: 10.0.0.5
+  podIPs: [{ip: 10.0.0.5}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: api-7d4b9c-x2x7k
+  generateName: api-7d4b9c-
+  namespace: shop
+  labels: {app.kubernetes.io/name: api-server, pod-template-hash: 7d4b9c}
+  ownerReferences:
+  - {apiVersion: apps/v1, kind: ReplicaSet, name: api-7d4b9c, uid: 6a0e1f4c-0000-4000-8000-000000000001, controller: true}
+spec:
+  nodeName: node-a
+  serviceAccountName: api
+  containers: [{name: app, image: example.invalid/api}]
+status:
+  phase: Running
+  podIP: 10.1.0.4
+  podIPs: [{ip: 10.1.0.4}]
+  conditions: [{type: Ready, status: "True"}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_services_and_endpoint_slices_become_what_a_node_proxy_receives() {
+    let Some(api) = ApiServer::start_or_skip(
+        "pods_services_and_endpoint_slices_become_what_a_node_proxy_receives",
+    )
+    .await
+    else {
+        return;
+    };
+    apply(&api, CLUSTER).await;
+    let cp = start_control_plane(ControlPlaneConfig::kubernetes(KubeSourceConfig::new(
+        api.client(),
+    )))
+    .await;
+    let all = until(&cp, "the cluster's workloads", |all| {
+        all.contains_key(&pod_uid("shop", "api-7d4b9c-x2x7k"))
+    })
+    .await;
+
+    // A ready, enrolled Pod: HBONE, HEALTHY, its named port resolved, locality from its
+    // node, the network of the system namespace.
+    let web0 = workload(&all, &pod_uid("shop", "web-0"));
+    assert_eq!(web0.name, "web-0");
+    assert_eq!(web0.tunnel_protocol, workload::TunnelProtocol::Hbone as i32);
+    assert_eq!(web0.status, workload::WorkloadStatus::Healthy as i32);
+    assert_eq!(web0.service_account, "web");
+    assert_eq!(web0.node, "node-a");
+    assert_eq!(web0.network, "net-1");
+    assert_eq!(web0.canonical_name, "web");
+    assert_eq!(web0.canonical_revision, "v1");
+    assert_eq!(web0.workload_name, "web-0");
+    assert_eq!(web0.workload_type, workload::WorkloadType::Pod as i32);
+    assert_eq!(
+        web0.addresses.iter().map(|a| ip(a)).collect::<Vec<_>>(),
+        ["10.1.0.1".parse::<IpAddr>().unwrap()]
+    );
+    let locality = web0.locality.as_ref().expect("a locality");
+    assert_eq!(
+        (locality.region.as_str(), locality.zone.as_str()),
+        ("eu-west", "eu-west-1a")
+    );
+    let web_key = "shop/web.shop.svc.cluster.local";
+    assert_eq!(
+        ports(web0.services.get(web_key)),
+        [(80, 8080), (9000, 9000)]
+    );
+    // Named by the manual slice of a Service with a selector: that slice does not count.
+    assert!(
+        !web0
+            .services
+            .contains_key("shop/legacy.shop.svc.cluster.local")
+    );
+
+    // Not Ready, not enrolled, and without the port name: UNHEALTHY, no tunnel, port 80
+    // left out.
+    let web1 = workload(&all, &pod_uid("shop", "web-1"));
+    assert_eq!(web1.status, workload::WorkloadStatus::Unhealthy as i32);
+    assert_eq!(web1.tunnel_protocol, workload::TunnelProtocol::None as i32);
+    assert_eq!(ports(web1.services.get(web_key)), [(9000, 9000)]);
+
+    // No IP yet, and Succeeded: no workload.
+    assert!(!all.contains_key(&pod_uid("shop", "starting")));
+    assert!(!all.contains_key(&pod_uid("shop", "done")));
+
+    // The host's network.
+    let host = workload(&all, &pod_uid("shop", "host-agent"));
+    assert_eq!(host.network_mode, workload::NetworkMode::HostNetwork as i32);
+
+    // A Deployment's Pod: named after the Deployment, canonical name from
+    // app.kubernetes.io/name.
+    let api_pod = workload(&all, &pod_uid("shop", "api-7d4b9c-x2x7k"));
+    assert_eq!(api_pod.workload_name, "api");
+    assert_eq!(api_pod.canonical_name, "api-server");
+    assert_eq!(api_pod.canonical_revision, "latest");
+
+    // Services: cluster IPs on the local network, a named target port as 0; the
+    // ExternalName Service is left out.
+    let web = service(&all, web_key);
+    assert_eq!(web.hostname, "web.shop.svc.cluster.local");
+    assert_eq!(
+        web.addresses
+            .iter()
+            .map(|a| (a.network.as_str(), ip(&a.address)))
+            .collect::<Vec<_>>(),
+        [("net-1", "10.96.0.10".parse::<IpAddr>().unwrap())]
+    );
+    assert_eq!(
+        web.ports
+            .iter()
+            .map(|p| (p.service_port, p.target_port, p.app_protocol))
+            .collect::<Vec<_>>(),
+        [
+            (80, 0, workload::AppProtocol::Http11 as i32),
+            (9000, 9000, workload::AppProtocol::Tcp as i32)
+        ]
+    );
+    assert_eq!(web.ip_families, workload::IpFamilies::Ipv4Only as i32);
+    assert!(web.canonical);
+    assert!(!all.contains_key("shop/elsewhere.shop.svc.cluster.local"));
+
+    // The selectorless Service's manual endpoint is a workload; the endpoint of a Pod is not.
+    let manual = workload(
+        &all,
+        "Kubernetes/discovery.k8s.io/EndpointSlice/shop/legacy-manual/10.2.0.9",
+    );
+    assert_eq!(
+        ports(manual.services.get("shop/legacy.shop.svc.cluster.local")),
+        [(80, 8080)]
+    );
+    assert_eq!(manual.status, workload::WorkloadStatus::Healthy as i32);
+    assert!(!all.keys().any(|k| {
+        k.starts_with("Kubernetes/discovery.k8s.io/EndpointSlice/shop/legacy-manual/10.1.0.1")
+    }));
+
+    // The enrolment annotation changes: the Pod is enrolled.
+    let pods: Api<Pod> = Api::namespaced(api.client(), "shop");
+    let annotate =
+        json!({"metadata": {"annotations": {"ambient.istio.io/redirection": "enabled"}}});
+    pods.patch("web-1", &PatchParams::default(), &Patch::Merge(&annotate))
+        .await
+        .expect("annotate web-1");
+    until(&cp, "web-1 enrolled for HBONE", |all| {
+        matches!(all.get(&pod_uid("shop", "web-1")),
+            Some(address::Type::Workload(w)) if w.tunnel_protocol == workload::TunnelProtocol::Hbone as i32)
+    })
+    .await;
+
+    // Terminating: UNHEALTHY while it stops.
+    pods.delete("web-0", &DeleteParams::default())
+        .await
+        .expect("delete web-0 gracefully");
+    until(&cp, "web-0 unhealthy while terminating", |all| {
+        matches!(all.get(&pod_uid("shop", "web-0")),
+            Some(address::Type::Workload(w)) if w.status == workload::WorkloadStatus::Unhealthy as i32)
+    })
+    .await;
+
+    // A namespace added, then removed (its Pods deleted and the namespace finalized, as the
+    // kubelet and the namespace controller would).
+    apply(
+        &api,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: blog}\n---\napiVersion: v1\nkind: \
+         Pod\nmetadata: {name: blog-0, namespace: blog, labels: {app: blog}}\nspec:\n  \
+         nodeName: node-a\n  containers: [{name: app, image: example.invalid/blog}]\nstatus:\n  \
+         phase: Running\n  podIP: 10.3.0.1\n  podIPs: [{ip: 10.3.0.1}]\n  conditions: [{type: \
+         Ready, status: \"True\"}]\n",
+    )
+    .await;
+    until(&cp, "blog-0 appears", |all| {
+        all.contains_key(&pod_uid("blog", "blog-0"))
+    })
+    .await;
+    let blog_pods: Api<Pod> = Api::namespaced(api.client(), "blog");
+    blog_pods
+        .delete(
+            "blog-0",
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("delete blog-0");
+    let namespaces: Api<Namespace> = Api::all(api.client());
+    namespaces
+        .delete("blog", &DeleteParams::default())
+        .await
+        .expect("delete namespace blog");
+    let mut blog = namespaces.get("blog").await.expect("blog is terminating");
+    if let Some(spec) = blog.spec.as_mut() {
+        spec.finalizers = Some(Vec::new());
+    }
+    namespaces
+        .replace_subresource("finalize", "blog", &PostParams::default(), &blog)
+        .await
+        .expect("finalize namespace blog");
+    until(&cp, "blog-0 gone", |all| {
+        !all.contains_key(&pod_uid("blog", "blog-0"))
+    })
+    .await;
+    cp.shutdown().await;
+}
+
+/// A Pod and a Service beside the demo's manifests, and the namespaces they are all in.
+const EXTRA: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: blog}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: cart, namespace: shop}
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.1.20
+  clusterIPs: [10.96.1.20]
+  ipFamilies: [IPv4]
+  ipFamilyPolicy: SingleStack
+  internalTrafficPolicy: Cluster
+  selector: {app: cart}
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: http}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: cart-0
+  namespace: shop
+  labels: {app: cart}
+  annotations: {ambient.istio.io/redirection: enabled}
+spec:
+  nodeName: node-a
+  serviceAccountName: cart
+  containers:
+  - name: app
+    image: example.invalid/cart
+    ports: [{name: http, containerPort: 8080, protocol: TCP}]
+status:
+  phase: Running
+  podIP: 10.1.1.20
+  podIPs: [{ip: 10.1.1.20}]
+  conditions: [{type: Ready, status: "True"}]
+"#;
+
+fn demo_manifests() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../demo/manifests")
+}
+
+/// Writes every object of the watched kinds that the API server holds into `dir`, one file
+/// per kind, as the API serves them (`apiVersion` and `kind` set, as a watch event has them;
+/// `managedFields` and `resourceVersion` left out, as the control plane leaves them out).
+async fn dump(api: &ApiServer, dir: &Path) -> usize {
+    let mut count = 0;
+    for kind in kube_source::KINDS {
+        let objects: Api<DynamicObject> = Api::all_with(api.client(), &kind.api_resource());
+        let mut params = kube::api::ListParams::default();
+        if let Some(fields) = kind.fields {
+            params = params.fields(fields);
+        }
+        let list = objects.list(&params).await.expect("list a watched kind");
+        let mut file = String::new();
+        for object in list.items {
+            let mut value = serde_json::to_value(object).expect("JSON");
+            value["apiVersion"] = Value::String(kind.api_version());
+            value["kind"] = Value::String(kind.kind.to_owned());
+            if let Some(meta) = value["metadata"].as_object_mut() {
+                meta.remove("managedFields");
+                meta.remove("resourceVersion");
+            }
+            file.push_str("---\n");
+            file.push_str(&value.to_string());
+            file.push('\n');
+            count += 1;
+        }
+        std::fs::write(dir.join(format!("{}.yaml", kind.plural)), file).expect("write");
+    }
+    count
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_and_the_api_of_the_same_objects_serve_the_same_resources() {
+    let Some(api) = ApiServer::start_or_skip(
+        "a_folder_and_the_api_of_the_same_objects_serve_the_same_resources",
+    )
+    .await
+    else {
+        return;
+    };
+    // The demo's manifests, and a Pod and Service beside them, in the API.
+    let mut yaml = String::new();
+    for entry in std::fs::read_dir(demo_manifests()).expect("the demo's manifests") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            yaml.push_str("\n---\n");
+            yaml.push_str(&std::fs::read_to_string(&path).expect("read"));
+        }
+    }
+    apply(&api, EXTRA).await;
+    apply(&api, &yaml).await;
+    // The folder: every object the API holds now, as the API holds it (with its uid,
+    // creation time and defaults), the API server's own (its `kubernetes` Service, its
+    // namespaces) included.
+    let dir = std::env::temp_dir().join(format!("meshkit-kube-folder-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("folder");
+    let objects = dump(&api, &dir).await;
+    assert!(objects > 20, "{objects} objects");
+    let folder = start_control_plane(ControlPlaneConfig::new(&dir)).await;
+    assert!(
+        folder.status().borrow().errors.is_empty(),
+        "the folder loads: {:?}",
+        folder.status().borrow().errors
+    );
+    let kube = start_control_plane(ControlPlaneConfig::kubernetes(KubeSourceConfig::new(
+        api.client(),
+    )))
+    .await;
+
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let a = folder.cache().current();
+        let b = kube.cache().current();
+        let differing: Vec<String> = meshkit_control_plane::translate::TYPE_URLS
+            .iter()
+            .flat_map(|url| {
+                let resources = |s: &meshkit_xds_server::Snapshot| {
+                    s.get_type(url)
+                        .map(|t| {
+                            t.resources()
+                                .iter()
+                                .map(|(name, r)| (name.clone(), r.resource.value.clone()))
+                                .collect::<BTreeMap<_, _>>()
+                        })
+                        .unwrap_or_default()
+                };
+                let (left, right) = (resources(&a), resources(&b));
+                left.keys()
+                    .chain(right.keys())
+                    .filter(|name| left.get(*name) != right.get(*name))
+                    .map(|name| format!("{url} {name}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let served = a.names(ADDRESS_TYPE_URL).len();
+        if differing.is_empty() && served > 0 {
+            assert!(
+                a.names(ADDRESS_TYPE_URL)
+                    .contains(&pod_uid("shop", "cart-0")),
+                "the Pod is served"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the folder and the API serve different resources: {differing:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    folder.shutdown().await;
+    kube.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
