@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use meshkit_cli::CliError;
 use meshkit_control_plane::ca::TokenGrants;
-use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
+use meshkit_control_plane::{ControlPlane, ControlPlaneConfig, Source};
 use meshkit_gateway::feed::gateway_config_over_xds;
 use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
 use meshkit_identity::istio::IstioCaClient;
@@ -249,8 +249,9 @@ static_resources:
 
 /// A running demo mesh. Dropping it stops every part.
 pub struct DemoMesh {
-    /// The manifest folder the control plane watches (edit it to change the mesh).
-    pub manifest_dir: PathBuf,
+    /// What the control plane reads: the manifest folder (edit it to change the mesh), or
+    /// the Kubernetes API server.
+    pub source: Source,
     /// The control plane.
     pub control_plane: ControlPlane,
     /// The node proxies, by node name.
@@ -284,7 +285,7 @@ struct NodeParts {
 impl std::fmt::Debug for DemoMesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DemoMesh")
-            .field("manifest_dir", &self.manifest_dir)
+            .field("source", &self.source)
             .field("http_addr", &self.http_addr)
             .field("https_addr", &self.https_addr)
             .field("gateway_api", &self.gateway_api)
@@ -300,6 +301,9 @@ impl Drop for DemoMesh {
     }
 }
 
+/// The namespaces of the sample manifests' objects.
+pub const SAMPLE_NAMESPACES: &[&str] = &["shop", "blog"];
+
 /// Writes the sample manifests into `dir` (created if needed).
 ///
 /// # Errors
@@ -311,6 +315,66 @@ pub fn write_samples(dir: &Path) -> std::io::Result<()> {
         std::fs::write(dir.join(name), text)?;
     }
     Ok(())
+}
+
+/// Creates (or updates, by server-side apply as field manager `meshkit-demo`) the objects of
+/// the sample manifests in the Kubernetes API server of `client`, with the namespaces they
+/// are in; returns how many objects were applied.
+///
+/// # Errors
+///
+/// When the API server refuses an object (its CRD is not installed, say).
+pub async fn apply_samples(client: &kube::Client) -> Result<usize, CliError> {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    use meshkit_control_plane::kube_source::resource_of;
+    let params = PatchParams::apply("meshkit-demo").force();
+    let mut objects = Vec::new();
+    for (file, text) in SAMPLE_MANIFESTS {
+        let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(text)
+            .map_err(|e| format!("sample manifest {file}: {e}"))?;
+        objects.extend(documents.into_iter().filter(|d| d.is_object()));
+    }
+    let mut namespaces: Vec<String> = objects
+        .iter()
+        .filter_map(|o| o["metadata"]["namespace"].as_str().map(str::to_owned))
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
+    let (namespace_resource, _) =
+        resource_of("v1", "Namespace").ok_or("Namespaces are not watched")?;
+    let namespace_api: Api<DynamicObject> = Api::all_with(client.clone(), &namespace_resource);
+    for ns in &namespaces {
+        let object = serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}
+        });
+        namespace_api
+            .patch(ns, &params, &Patch::Apply(&object))
+            .await
+            .map_err(|e| format!("namespace {ns}: {e}"))?;
+    }
+    for object in &objects {
+        let api_version = object["apiVersion"].as_str().unwrap_or_default();
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let Some((resource, namespaced)) = resource_of(api_version, kind) else {
+            return Err(format!(
+                "{api_version} {kind} {name} is not a kind the control plane reads"
+            )
+            .into());
+        };
+        let api: Api<DynamicObject> = if namespaced {
+            let ns = object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default");
+            Api::namespaced_with(client.clone(), ns, &resource)
+        } else {
+            Api::all_with(client.clone(), &resource)
+        };
+        api.patch(name, &params, &Patch::Apply(object))
+            .await
+            .map_err(|e| format!("{kind} {name}: {e}"))?;
+    }
+    Ok(namespaces.len() + objects.len())
 }
 
 impl DemoMesh {
@@ -326,8 +390,26 @@ impl DemoMesh {
         options: MeshOptions,
         progress: impl Fn(&str),
     ) -> Result<Self, CliError> {
+        Self::start_from(Source::Manifests(manifest_dir), options, progress).await
+    }
+
+    /// [`DemoMesh::start`] with the control plane reading `source`: the manifests folder,
+    /// or a Kubernetes API server holding the sample objects ([`apply_samples`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`DemoMesh::start`].
+    pub async fn start_from(
+        source: Source,
+        options: MeshOptions,
+        progress: impl Fn(&str),
+    ) -> Result<Self, CliError> {
         let td = TrustDomain::new("cluster.local")?;
-        let mut cp_config = ControlPlaneConfig::new(&manifest_dir)
+        let mut cp_config = match &source {
+            Source::Manifests(dir) => ControlPlaneConfig::new(dir),
+            Source::Kubernetes(kube) => ControlPlaneConfig::kubernetes(kube.clone()),
+        };
+        cp_config = cp_config
             .with_ads_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
             .with_ca_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
             .with_grants(TokenGrants::parse(DEMO_TOKENS)?)
@@ -428,7 +510,9 @@ impl DemoMesh {
         tasks.push(tokio::spawn(gateway.serve_gateway_api(options.gateway_api)));
 
         // Wait for the configuration: resources arrive one event at a time, so wait until
-        // routes and endpoints are there and nothing has changed for a moment.
+        // routes and endpoints are there and nothing has changed for a moment. Only the
+        // samples' services count: an API server has Services of its own (`kubernetes`)
+        // with no workload in this mesh.
         let mut config = gateway_config.clone();
         let ready = tokio::time::timeout(Duration::from_secs(20), async {
             loop {
@@ -438,7 +522,11 @@ impl DemoMesh {
                         && !c.gateway_api.http_routes.is_empty()
                         && !c.secrets.is_empty()
                         && !c.mesh.workloads.is_empty()
-                        && c.mesh.services.iter().all(|s| !s.endpoints.is_empty())
+                        && c.mesh
+                            .services
+                            .iter()
+                            .filter(|s| SAMPLE_NAMESPACES.contains(&s.namespace.as_str()))
+                            .all(|s| !s.endpoints.is_empty())
                 };
                 match tokio::time::timeout(Duration::from_millis(300), config.changed()).await {
                     Err(_) if complete => break,
@@ -486,7 +574,7 @@ impl DemoMesh {
             "gateway: HTTP on {http_addr}, HTTPS on {https_addr}, as {GATEWAY_ID}"
         ));
         Ok(Self {
-            manifest_dir,
+            source,
             control_plane,
             node_proxies,
             node_parts,

@@ -107,11 +107,61 @@ fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    check_the_run(&stdout);
+}
 
+/// The same demo with the sample objects in a real API server and the control plane
+/// watching it: the same answers, and the workloads and services it derived, printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_demo_from_a_kubernetes_api_server_routes_the_same() {
+    let Some(api) = meshkit_test_support::apiserver::ApiServer::start_or_skip(
+        "mesh_demo_from_a_kubernetes_api_server_routes_the_same",
+    )
+    .await
+    else {
+        return;
+    };
+    let kubeconfig = api.kubeconfig().to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        meshkit_test_support::output_within(
+            Command::new(env!("CARGO_BIN_EXE_mesh-demo"))
+                .args(["--requests", &REQUESTS.to_string(), "--kubeconfig"])
+                .arg(kubeconfig),
+            Duration::from_secs(120),
+        )
+    })
+    .await
+    .expect("the demo ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.contains("sample objects applied to the API server"),
+        "{stdout}"
+    );
+    for (name, sa, node, addr) in WORKLOADS {
+        let (ns, account) = sa.split_once("/sa/").expect("NS/sa/SA");
+        let ip = addr.split(':').next().unwrap_or_default();
+        let uid = format!("Kubernetes/networking.istio.io/WorkloadEntry/{ns}/{name}");
+        let want = format!("workload {uid}: {ip} on {node}, identity {ns}/{account}");
+        assert!(
+            stdout.lines().any(|l| l.trim() == want),
+            "no line {want:?}:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("service  shop/web.shop.svc.cluster.local: ports 80->"),
+        "{stdout}"
+    );
+    check_the_run(&stdout);
+}
+
+/// What every run of the demo must show, whatever its source.
+fn check_the_run(stdout: &str) {
     // Every route answered by exactly its workloads, each of them, every request.
     let mut per_identity: BTreeMap<&str, usize> = BTreeMap::new();
     for (host, path, expect) in ROUTES {
-        let seen = answered_by(&stdout, host, path);
+        let seen = answered_by(stdout, host, path);
         let names: Vec<&str> = seen.keys().map(String::as_str).collect();
         assert_eq!(names, *expect, "{host}{path}: answered by {seen:?}");
         assert_eq!(
@@ -140,7 +190,7 @@ fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
     }
     // All of them with 200.
     assert_eq!(
-        count_of(&stdout, "status counts: 200"),
+        count_of(stdout, "status counts: 200"),
         Some(ROUTES.len() * REQUESTS + routed_by_gateway_api),
         "{stdout}"
     );
@@ -148,13 +198,13 @@ fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
     // identity's workloads answered.
     for (sa, n) in per_identity {
         let id = format!("spiffe://cluster.local/ns/{sa}");
-        assert_eq!(count_of(&stdout, &id), Some(n), "{id}:\n{stdout}");
+        assert_eq!(count_of(stdout, &id), Some(n), "{id}:\n{stdout}");
     }
     // Hop 2: each workload's node proxy admitted the gateway's identity to it.
     for (name, _, node, addr) in WORKLOADS {
         let line = format!("{node}: {GATEWAY} -> {addr}");
         assert!(
-            count_of(&stdout, &line).is_some_and(|n| n >= 1),
+            count_of(stdout, &line).is_some_and(|n| n >= 1),
             "{name}: no tunnel {line}:\n{stdout}"
         );
     }
@@ -212,7 +262,7 @@ fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
     let api = "127.0.0.13:9090";
     assert!(
         count_of(
-            &stdout,
+            stdout,
             &format!("node-a: spiffe://cluster.local/ns/shop/sa/web -> {api}")
         )
         .is_some_and(|n| n >= 1),
@@ -220,7 +270,7 @@ fn mesh_demo_routes_and_identities_are_as_the_manifests_say() {
     );
     assert_eq!(
         count_of(
-            &stdout,
+            stdout,
             &format!("node-a: spiffe://cluster.local/ns/shop/sa/fallback -> {api}")
         ),
         None,

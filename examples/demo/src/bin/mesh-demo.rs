@@ -18,8 +18,10 @@ use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Empty};
 use meshkit_cli::CliError;
+use meshkit_control_plane::Source;
+use meshkit_control_plane::kube_source::KubeSourceConfig;
 use meshkit_demo::{
-    DemoMesh, EchoReply, EnvoyListeners, EnvoyXdsSecurity, GATEWAY_ID, MeshOptions,
+    DemoMesh, EchoReply, EnvoyListeners, EnvoyXdsSecurity, GATEWAY_ID, MeshOptions, apply_samples,
     envoy_bootstrap_with, write_samples,
 };
 use meshkit_gateway::{BACKEND_IDENTITY, BACKEND_WORKLOAD};
@@ -67,6 +69,11 @@ struct Args {
     /// The bootstrap speaks Delta ADS instead of State of the World.
     #[arg(long)]
     envoy_delta: bool,
+    /// Run the demo against the Kubernetes API server of this kubeconfig: the sample objects
+    /// are created there (server-side apply), and the control plane watches the API instead
+    /// of a folder. `cargo run -p meshkit-test-support --example apiserver` starts one.
+    #[arg(long)]
+    kubeconfig: Option<std::path::PathBuf>,
 }
 
 /// One route of the sample manifests and the workloads that must answer it.
@@ -176,12 +183,30 @@ fn step(n: usize, total: usize, text: &str) {
 async fn run(args: Args) -> Result<bool, CliError> {
     let total = 7;
     let dir = std::env::temp_dir().join(format!("meshkit-demo-{}", std::process::id()));
-    write_samples(&dir)?;
-    step(
-        1,
-        total,
-        &format!("sample manifests written to {}", dir.display()),
-    );
+    let source = match &args.kubeconfig {
+        Some(path) => {
+            let client = kube_client(path).await?;
+            let applied = apply_samples(&client).await?;
+            step(
+                1,
+                total,
+                &format!(
+                    "{applied} sample objects applied to the API server of {}",
+                    path.display()
+                ),
+            );
+            Source::Kubernetes(KubeSourceConfig::new(client))
+        }
+        None => {
+            write_samples(&dir)?;
+            step(
+                1,
+                total,
+                &format!("sample manifests written to {}", dir.display()),
+            );
+            Source::Manifests(dir.clone())
+        }
+    };
     let envoy = args.envoy_http.map(|http| EnvoyListeners {
         http,
         https: args.envoy_https,
@@ -201,8 +226,11 @@ async fn run(args: Args) -> Result<bool, CliError> {
         }
     };
     let started = Instant::now();
-    let mesh = DemoMesh::start(dir.clone(), options, |line| println!("      {line}")).await?;
+    let mesh = DemoMesh::start_from(source, options, |line| println!("      {line}")).await?;
     step(2, total, &format!("mesh up in {:?}", started.elapsed()));
+    if args.kubeconfig.is_some() {
+        print_derived(&mesh);
+    }
     let admins: Vec<String> = mesh
         .admin_addrs
         .iter()
@@ -376,10 +404,17 @@ async fn run(args: Args) -> Result<bool, CliError> {
             "  curl --resolve shop.example.com:{port}:127.0.0.1 -k https://shop.example.com:{port}/",
             port = mesh.https_addr.port()
         );
-        println!(
-            "  edit {} and watch routing change; Ctrl-C to stop",
-            mesh.manifest_dir.display()
-        );
+        match &mesh.source {
+            Source::Manifests(dir) => println!(
+                "  edit {} and watch routing change; Ctrl-C to stop",
+                dir.display()
+            ),
+            Source::Kubernetes(_) => {
+                println!(
+                    "  change the objects in the API server and watch routing change; Ctrl-C to stop"
+                );
+            }
+        }
         meshkit_cli::stop_signal().await;
     }
     drop(mesh);
@@ -819,5 +854,60 @@ impl rustls::client::danger::ServerCertVerifier for Pinned {
         meshkit_cli::crypto_provider()
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+/// A client for the API server of the kubeconfig at `path`.
+async fn kube_client(path: &std::path::Path) -> Result<kube::Client, CliError> {
+    let file = kube::config::Kubeconfig::read_from(path)
+        .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
+    Ok(meshkit_control_plane::kube_source::client(
+        &config,
+        meshkit_cli::crypto_provider(),
+    )?)
+}
+
+/// Prints the workloads and services the control plane derived from the API's objects: what
+/// it serves as Address resources.
+fn print_derived(mesh: &DemoMesh) {
+    use meshkit_mesh::proto::workload::{Address, address};
+    use prost::Message as _;
+    let snapshot = mesh.control_plane.cache().current();
+    let Some(addresses) = snapshot.get_type(meshkit_mesh::resources::ADDRESS_TYPE_URL) else {
+        return;
+    };
+    println!("      derived from the API's objects:");
+    for (name, resource) in addresses.resources() {
+        match Address::decode(resource.resource.value.as_slice()).map(|a| a.r#type) {
+            Ok(Some(address::Type::Workload(w))) => println!(
+                "        workload {name}: {} on {}, identity {}/{}",
+                w.addresses
+                    .iter()
+                    .map(|a| meshkit_mesh::feed::ip_from_bytes(a)
+                        .map_or("?".into(), |ip| ip.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                if w.node.is_empty() {
+                    "no node"
+                } else {
+                    &w.node
+                },
+                w.namespace,
+                w.service_account,
+            ),
+            Ok(Some(address::Type::Service(svc))) => println!(
+                "        service  {name}: ports {}",
+                svc.ports
+                    .iter()
+                    .map(|p| format!("{}->{}", p.service_port, p.target_port))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            _ => {}
+        }
     }
 }
