@@ -338,12 +338,17 @@ impl ApiServer {
             if self.client.request_text(request).await.is_ok() {
                 return;
             }
-            if let Ok(Some(status)) = self.apiserver.0.try_wait() {
-                panic!(
-                    "kube-apiserver exited ({status}):\n{}\netcd:\n{}",
-                    tail(&self.dir.join("kube-apiserver.log")),
-                    tail(&self.dir.join("etcd.log"))
-                );
+            for (name, child) in [
+                ("kube-apiserver", &mut self.apiserver.0),
+                ("etcd", &mut self.etcd.0),
+            ] {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "{name} exited ({status}):\n{}\netcd:\n{}",
+                        tail(&self.dir.join("kube-apiserver.log")),
+                        tail(&self.dir.join("etcd.log"))
+                    );
+                }
             }
             assert!(
                 started.elapsed() < READY_TIMEOUT,
@@ -389,13 +394,16 @@ impl ApiServer {
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
+        // Both stopped before their folder goes: etcd writes into it until it exits.
+        for child in [&mut self.apiserver.0, &mut self.etcd.0] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         // A failed test keeps the logs to read.
         if std::thread::panicking() {
             eprintln!("the API server's folder is kept: {}", self.dir.display());
             return;
         }
-        // The processes are stopped by their own drops, after this; their files can go
-        // first on Linux, where open files outlive their names.
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -411,6 +419,10 @@ fn scratch_dir() -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the API server's folder");
+    // The signing key and the admin token are in it: the user's alone.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .expect("make the API server's folder private");
     dir
 }
 

@@ -46,6 +46,9 @@ pub struct MeshWorkload {
     pub workload: workload::Workload,
     /// Its labels, which policies select on.
     pub labels: BTreeMap<String, String>,
+    /// Whether policies select it: not an EndpointSlice's endpoint, which istiod gives no
+    /// policies (nothing says which workload it is).
+    pub selectable: bool,
 }
 
 // === impl MeshWorkload ===
@@ -58,7 +61,7 @@ impl MeshWorkload {
     }
 }
 
-/// Everything [`derive`] finds.
+/// Everything [`derive()`] finds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Derived {
     /// The services, in `namespace/hostname` order.
@@ -77,7 +80,7 @@ pub fn derive(set: &ManifestSet, options: &TranslateOptions) -> Derived {
         }
     }
     for se in &set.service_entries {
-        if let Some(service) = service_entry_service(se) {
+        if let Some(service) = service_entry_service(se, &network) {
             derived.services.push(service);
         }
     }
@@ -94,11 +97,16 @@ pub fn derive(set: &ManifestSet, options: &TranslateOptions) -> Derived {
     for we in &set.workload_entries {
         derived
             .workloads
-            .push(workload_entry_workload(we, set, options));
+            .push(workload_entry_workload(we, set, options, &network));
     }
+    // One service per `namespace/hostname`, a Kubernetes Service before a ServiceEntry of
+    // the same name (istiod's rule; the sort is stable and they were pushed first).
     derived
         .services
         .sort_by(|a, b| (&a.namespace, &a.hostname).cmp(&(&b.namespace, &b.hostname)));
+    derived.services.dedup_by(|later, first| {
+        later.namespace == first.namespace && later.hostname == first.hostname
+    });
     derived
         .workloads
         .sort_by(|a, b| a.workload.uid.cmp(&b.workload.uid));
@@ -133,8 +141,8 @@ pub(crate) fn ip_bytes(ip: IpAddr) -> Vec<u8> {
 
 // === Kubernetes Services ===
 
-/// A Service as istiod serves it: `None` for `ExternalName`; headless and selectorless
-/// Services are kept (headless without addresses).
+/// A Service as istiod serves it: `None` for `ExternalName` and for a cluster IP that does
+/// not parse; headless and selectorless Services are kept (headless without addresses).
 pub fn kube_service(
     service: &KubeService,
     options: &TranslateOptions,
@@ -150,16 +158,19 @@ pub fn kube_service(
         Some(ips) if !ips.is_empty() => ips.to_vec(),
         _ => spec.cluster_ip.iter().cloned().collect(),
     };
+    // A cluster IP that does not parse leaves the whole Service out, as istiod does.
     let addresses = ips
         .iter()
         .filter(|ip| !ip.is_empty() && ip.as_str() != "None")
-        .filter_map(|ip| ip.parse::<IpAddr>().ok())
-        .map(|ip| workload::NetworkAddress {
-            network: network.to_owned(),
-            address: ip_bytes(ip),
-            length: None,
+        .map(|ip| {
+            let ip = ip.parse::<IpAddr>().ok()?;
+            Some(workload::NetworkAddress {
+                network: network.to_owned(),
+                address: ip_bytes(ip),
+                length: None,
+            })
         })
-        .collect();
+        .collect::<Option<Vec<_>>>()?;
     let ports = spec
         .ports
         .iter()
@@ -330,7 +341,11 @@ pub fn pod_workload(
         } as i32,
         ..Default::default()
     };
-    Some(MeshWorkload { workload, labels })
+    Some(MeshWorkload {
+        workload,
+        labels,
+        selectable: true,
+    })
 }
 
 /// HBONE when the CNI's annotation says `enabled` (a Pod it redirects), or the Pod speaks
@@ -444,7 +459,8 @@ fn node_locality(set: &ManifestSet, node: &str) -> Option<workload::Locality> {
 }
 
 /// The services of the Pod's namespace that select it (a non-empty selector, all of whose
-/// labels the Pod has), and the selectorless Services whose EndpointSlices name it; each
+/// labels the Pod has), and those whose EndpointSlices name it (a selectorless Service's
+/// manual slice, say); each
 /// with its ports, a named target port resolved against the Pod's TCP container ports (a
 /// port whose name the Pod lacks is left out).
 fn pod_services(
@@ -469,7 +485,7 @@ fn pod_services(
         let selector = spec.selector.clone().unwrap_or_default();
         let selected =
             !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v));
-        let named_by_slice = selector.is_empty() && slices_name_pod(set, service, pod);
+        let named_by_slice = !selected && slices_name_pod(set, service, pod);
         if !(selected || named_by_slice) {
             continue;
         }
@@ -692,6 +708,7 @@ fn endpoint_slice_workloads(
         workloads.push(MeshWorkload {
             workload,
             labels: BTreeMap::new(),
+            selectable: false,
         });
     }
     workloads
@@ -699,8 +716,8 @@ fn endpoint_slice_workloads(
 
 // === Istio's ServiceEntry and WorkloadEntry ===
 
-/// A ServiceEntry's service, named by its first host.
-fn service_entry_service(se: &ServiceEntry) -> Option<workload::Service> {
+/// A ServiceEntry's service, named by its first host, its addresses on the local network.
+fn service_entry_service(se: &ServiceEntry, network: &str) -> Option<workload::Service> {
     let hostname = se.hosts.first()?;
     Some(workload::Service {
         name: se.name.clone(),
@@ -710,7 +727,7 @@ fn service_entry_service(se: &ServiceEntry) -> Option<workload::Service> {
             .addresses
             .iter()
             .map(|ip| workload::NetworkAddress {
-                network: String::new(),
+                network: network.to_owned(),
                 address: ip_bytes(*ip),
                 length: None,
             })
@@ -728,10 +745,12 @@ fn service_entry_service(se: &ServiceEntry) -> Option<workload::Service> {
     })
 }
 
+/// A WorkloadEntry's workload; on its own network, else the local one.
 fn workload_entry_workload(
     we: &WorkloadEntry,
     set: &ManifestSet,
     options: &TranslateOptions,
+    network: &str,
 ) -> MeshWorkload {
     let uid = format!(
         "{}/networking.istio.io/WorkloadEntry/{}/{}",
@@ -798,7 +817,11 @@ fn workload_entry_workload(
         name: we.name.clone(),
         namespace: we.namespace.clone(),
         addresses: vec![ip_bytes(we.address)],
-        network: we.network.clone(),
+        network: if we.network.is_empty() {
+            network.to_owned()
+        } else {
+            we.network.clone()
+        },
         tunnel_protocol: workload::TunnelProtocol::Hbone as i32,
         trust_domain: options.trust_domain.clone(),
         service_account: we.service_account.clone(),
@@ -822,6 +845,7 @@ fn workload_entry_workload(
     MeshWorkload {
         workload,
         labels: we.labels.clone(),
+        selectable: true,
     }
 }
 

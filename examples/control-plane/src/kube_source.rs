@@ -6,11 +6,17 @@
 //!   the watch's resource version expired), then kept current by its events.
 //! - Nothing is served until every kind has been listed once: a control plane that started
 //!   serving with Pods but no policies yet would open what the policies close.
-//! - A kind the API server does not serve (a CRD that is not installed) counts as listed and
-//!   empty; its watch keeps retrying with backoff, so a CRD installed later is picked up.
-//! - An object the model refuses is left out and reported as a warning; the others are
-//!   served. The API server has validated what it stores, so this is rare, unlike in a
-//!   folder.
+//! - A kind the API server does not serve (a CRD that is not installed: its first list
+//!   answers 404) counts as listed and empty; its watch keeps retrying with backoff, so a CRD
+//!   installed later is picked up. A 404 after a kind has been listed (an API server
+//!   restarting) changes nothing: its objects are kept until a list says otherwise.
+//! - An object the model refuses is left out with a warning and the others are served;
+//!   except an AuthorizationPolicy or PeerAuthentication: leaving one out could allow what it
+//!   was written to deny, so then nothing changes and the refusal is published as the
+//!   load's error, as with a folder (a CRD without Istio's validating webhook stores what the
+//!   model refuses, `action: CUSTOM` say).
+//! - An event that leaves an object as it was (a write of `resourceVersion` alone) changes
+//!   nothing.
 //! - Changes are gathered for [`KubeSourceConfig::settle`] (100 ms by default) before a
 //!   snapshot is built, so a burst of events (a Deployment's Pods starting) makes one push.
 //! - Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
@@ -32,7 +38,7 @@ use rustls::crypto::CryptoProvider;
 use serde_json::Value;
 use tokio::sync::{Notify, watch};
 
-use crate::manifests::{ManifestError, ManifestSet};
+use crate::manifests::{ManifestErrors, ManifestSet};
 
 /// A kind the control plane watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,15 +211,16 @@ pub struct ClientError {
 
 impl ClientError {
     /// The part of the configuration: `the API server's CA`, `the client certificate`,
-    /// `the client key`, `the TLS versions` or `the credentials`.
+    /// `the client key`, `the TLS versions`, `the TLS server name` or `the credentials`.
     pub fn what(&self) -> &'static str {
         self.what
     }
 }
 
 /// A client for `config` over rustls with `provider`: the API server's CA from the
-/// configuration, the client certificate when it has one, and its token, token file or exec
-/// plugin (a token file is re-read as it rotates).
+/// configuration (required: no system roots, and `insecure-skip-tls-verify` is refused), its
+/// TLS server name, the client certificate when it has one, and its token, token file or
+/// exec plugin (a token file is re-read as it rotates).
 ///
 /// # Errors
 ///
@@ -231,11 +238,21 @@ pub fn client(
             source: e.into(),
         }
     }
+    if config.accept_invalid_certs {
+        return Err(bad("the API server's CA")(
+            "insecure-skip-tls-verify is not supported: name the API server's CA",
+        ));
+    }
     let mut roots = rustls::RootCertStore::empty();
     for der in config.root_cert.iter().flatten() {
         roots
             .add(rustls_pki_types::CertificateDer::from(der.clone()))
             .map_err(bad("the API server's CA"))?;
+    }
+    if roots.is_empty() {
+        return Err(bad("the API server's CA")(
+            "the configuration names no CA certificate (certificate-authority or certificate-authority-data)",
+        ));
     }
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -275,11 +292,15 @@ pub fn client(
     };
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls_pki_types::ServerName::try_from(name.clone())
+            .map_err(bad("the TLS server name"))?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = https.enable_http1().wrap_connector(http);
     let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, kube::client::Body>(https);
     let auth = config.auth_layer().map_err(bad("the credentials"))?;
@@ -365,24 +386,44 @@ impl Watches {
             .collect()
     }
 
-    /// The model of what is stored now; the objects it refuses are left out, each with a
-    /// warning.
-    pub(crate) fn manifest_set(&self) -> ManifestSet {
-        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+    /// The model of what is stored now. The objects it refuses are left out, each with a
+    /// warning; a refused policy (AuthorizationPolicy, PeerAuthentication) makes the whole
+    /// model an error instead, so that the last one stays served.
+    pub(crate) fn manifest_set(&self) -> Result<ManifestSet, ManifestErrors> {
+        // Copied out under the lock and parsed after it: the watches go on meanwhile.
+        let objects: Vec<(&'static str, String, Value)> = {
+            let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+            KINDS
+                .iter()
+                .flat_map(|kind| {
+                    store.objects.get(kind.kind).into_iter().flatten().map(
+                        |((namespace, name), object)| {
+                            let origin = if namespace.is_empty() {
+                                format!("{} {name}", kind.kind)
+                            } else {
+                                format!("{} {namespace}/{name}", kind.kind)
+                            };
+                            (kind.kind, origin, object.clone())
+                        },
+                    )
+                })
+                .collect()
+        };
         let mut set = ManifestSet::default();
-        let mut refused: Vec<ManifestError> = Vec::new();
-        for kind in KINDS {
-            for ((namespace, name), object) in store.objects.get(kind.kind).into_iter().flatten() {
-                let origin = if namespace.is_empty() {
-                    format!("{} {name}", kind.kind)
-                } else {
-                    format!("{} {namespace}/{name}", kind.kind)
-                };
-                refused.extend(set.add_object(&origin, object.clone()));
+        let mut refused_policies = Vec::new();
+        for (kind, origin, object) in objects {
+            let refused = set.add_object(&origin, object);
+            if matches!(kind, "AuthorizationPolicy" | "PeerAuthentication") {
+                refused_policies.extend(refused);
+            } else {
+                set.warnings.extend(refused);
             }
         }
-        set.warnings.extend(refused);
-        set
+        if refused_policies.is_empty() {
+            Ok(set)
+        } else {
+            Err(ManifestErrors(refused_policies))
+        }
     }
 }
 
@@ -428,21 +469,30 @@ async fn watch_kind(
             }
             Ok(watcher::Event::Apply(object)) => {
                 let (key, value) = entry(&kind, object);
-                s.objects.entry(kind.kind).or_default().insert(key, value);
-                drop(s);
-                changed.notify_one();
+                let objects = s.objects.entry(kind.kind).or_default();
+                if objects.get(&key) != Some(&value) {
+                    objects.insert(key, value);
+                    drop(s);
+                    changed.notify_one();
+                }
             }
             Ok(watcher::Event::Delete(object)) => {
                 let (key, _) = entry(&kind, object);
-                s.objects.entry(kind.kind).or_default().remove(&key);
-                drop(s);
-                changed.notify_one();
+                if s.objects
+                    .entry(kind.kind)
+                    .or_default()
+                    .remove(&key)
+                    .is_some()
+                {
+                    drop(s);
+                    changed.notify_one();
+                }
             }
             Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
                 if status.code == 404 =>
             {
                 // Not served (a CRD not installed): listed, and empty, until it is.
-                if !absent_logged {
+                if !absent_logged && !s.listed.get(kind.kind).copied().unwrap_or(false) {
                     tracing::warn!(
                         kind = kind.kind,
                         group = kind.group,
@@ -450,10 +500,11 @@ async fn watch_kind(
                     );
                     absent_logged = true;
                 }
-                let was_listed = s.listed.insert(kind.kind, true).unwrap_or(false);
-                let had = s.objects.remove(kind.kind).is_some_and(|o| !o.is_empty());
-                drop(s);
-                if !was_listed || had {
+                // Once listed, a 404 is more likely an API server restarting than a CRD
+                // removed: what was read stays until a list says otherwise.
+                if !s.listed.get(kind.kind).copied().unwrap_or(false) {
+                    s.listed.insert(kind.kind, true);
+                    drop(s);
                     changed.notify_one();
                 }
             }
@@ -490,7 +541,7 @@ fn entry(kind: &Kind, object: DynamicObject) -> ((String, String), Value) {
 /// each settled burst of changes, until `stop` says so.
 pub(crate) async fn run(
     config: KubeSourceConfig,
-    mut apply: impl FnMut(ManifestSet),
+    mut apply: impl FnMut(Result<ManifestSet, ManifestErrors>),
     mut stop: watch::Receiver<bool>,
 ) {
     let watches = Watches::start(&config.client);

@@ -2,7 +2,7 @@
 //!
 //! - Two sources of one model ([`Source`]): [`kube_source`] watches a Kubernetes API server;
 //!   [`manifests`] reads a folder of Kubernetes and Istio manifests, with errors naming
-//!   file, document and field. Both give a [`ManifestSet`](manifests::ManifestSet).
+//!   file, document and field. Both give a [`manifests::ManifestSet`].
 //! - [`ambient`]: the workloads and services of the mesh, derived from Pods, Services,
 //!   EndpointSlices, ServiceEntries and WorkloadEntries as istiod's ambient index derives
 //!   them.
@@ -22,7 +22,8 @@
 //! (polled every 200 ms by default; a change is loaded once two polls in a row see the same
 //! contents). A folder load with any error changes nothing that is served; the errors are
 //! logged and published in [`LoadStatus`]. From the API, an object the model refuses is left
-//! out with a warning and the rest is served.
+//! out with a warning and the rest is served, except a refused policy, which changes nothing
+//! and is published in [`LoadStatus`] as with a folder.
 //!
 //! # Admin endpoint
 //!
@@ -502,7 +503,7 @@ impl ControlPlane {
                 let stopped = stop.subscribe();
                 tasks.push(tokio::spawn(kube_source::run(
                     source,
-                    move |set| applier.apply(Ok(set)),
+                    move |result| applier.apply(result),
                     stopped,
                 )));
             }

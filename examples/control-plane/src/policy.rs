@@ -659,7 +659,7 @@ pub fn translate(
 
     let mut static_strict_used = false;
     let mut converted = BTreeMap::new();
-    for w in workloads {
+    for w in workloads.iter().filter(|w| w.selectable) {
         let mut keys: Vec<String> = authorization
             .iter()
             .filter(|p| p.namespace == w.workload.namespace || p.namespace == root)

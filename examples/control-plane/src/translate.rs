@@ -2,7 +2,7 @@
 //!
 //! | type URL | names | from |
 //! |---|---|---|
-//! | [`ADDRESS_TYPE_URL`] | workload uid; `namespace/hostname` for services | WorkloadEntry, ServiceEntry |
+//! | [`ADDRESS_TYPE_URL`] | workload uid; `namespace/hostname` for services | Pod, Service, EndpointSlice, WorkloadEntry, ServiceEntry (see [`ambient`](crate::ambient)) |
 //! | [`AUTHORIZATION_TYPE_URL`] | `namespace/name` | AuthorizationPolicy, PeerAuthentication (see [`policy`](crate::policy)) |
 //! | [`INGRESS_TYPE_URL`] | `namespace/name` | Ingress, as is |
 //! | [`INGRESS_CLASS_TYPE_URL`] | `name` | IngressClass, as is |

@@ -301,8 +301,8 @@ impl Drop for DemoMesh {
     }
 }
 
-/// The namespaces of the sample manifests' objects.
-pub const SAMPLE_NAMESPACES: &[&str] = &["shop", "blog"];
+/// The namespaces of the sample manifests' objects (a test holds this to the manifests).
+pub const SAMPLE_NAMESPACES: &[&str] = &["blog", "shop"];
 
 /// Writes the sample manifests into `dir` (created if needed).
 ///
@@ -772,4 +772,23 @@ fn app_listeners(mesh: &MeshConfig) -> BTreeMap<SocketAddr, String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_namespaces_are_those_the_manifests_name() {
+        let mut named: Vec<String> = SAMPLE_MANIFESTS
+            .iter()
+            .flat_map(|(_, text)| {
+                serde_saphyr::from_multiple::<serde_json::Value>(text).expect("sample YAML")
+            })
+            .filter_map(|doc| doc["metadata"]["namespace"].as_str().map(str::to_owned))
+            .collect();
+        named.sort();
+        named.dedup();
+        assert_eq!(named, SAMPLE_NAMESPACES);
+    }
 }

@@ -183,6 +183,11 @@ async fn source(args: &Args) -> Result<Option<kube::Client>, CliError> {
             .await
             .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?
     } else if args.in_cluster || (args.manifests.is_none() && in_a_pod) {
+        if !args.in_cluster {
+            tracing::info!(
+                "running in a Pod without --manifests: watching this cluster's API server"
+            );
+        }
         kube::Config::incluster().map_err(|e| format!("in-cluster configuration: {e}"))?
     } else {
         return Ok(None);
