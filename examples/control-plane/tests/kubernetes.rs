@@ -711,3 +711,85 @@ async fn a_folder_and_the_api_of_the_same_objects_serve_the_same_resources() {
     kube.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A policy the model cannot enforce (`action: CUSTOM`, which the CRD stores without Istio's
+/// webhook) must not be served by leaving it out: nothing changes until it is gone, and the
+/// refusal is the load's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_the_model_refuses_keeps_the_last_model_served() {
+    let Some(api) =
+        ApiServer::start_or_skip("a_policy_the_model_refuses_keeps_the_last_model_served").await
+    else {
+        return;
+    };
+    let pod = |name: &str, ip: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: shop, labels: \
+             {{app: web}}}}\nspec:\n  nodeName: node-a\n  containers: [{{name: app, image: \
+             example.invalid/web}}]\nstatus:\n  phase: Running\n  podIP: {ip}\n  podIPs: \
+             [{{ip: {ip}}}]\n  conditions: [{{type: Ready, status: \"True\"}}]\n"
+        )
+    };
+    apply(
+        &api,
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: shop}}\n---\n{}",
+            pod("web-0", "10.1.0.1")
+        ),
+    )
+    .await;
+    let cp = start_control_plane(ControlPlaneConfig::kubernetes(KubeSourceConfig::new(
+        api.client(),
+    )))
+    .await;
+    until(&cp, "web-0 served", |all| {
+        all.contains_key(&pod_uid("shop", "web-0"))
+    })
+    .await;
+
+    apply(
+        &api,
+        &format!(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: \
+             ext, namespace: shop}}\nspec:\n  action: CUSTOM\n  provider: {{name: ext-authz}}\n  \
+             rules: [{{to: [{{operation: {{ports: [\"8080\"]}}}}]}}]\n---\n{}",
+            pod("web-1", "10.1.0.2")
+        ),
+    )
+    .await;
+    let mut status = cp.status();
+    tokio::time::timeout(
+        PATIENCE,
+        status.wait_for(|s| {
+            s.errors
+                .iter()
+                .any(|e| e.to_string().contains("AuthorizationPolicy shop/ext"))
+        }),
+    )
+    .await
+    .expect("the refusal is published")
+    .expect("status");
+    let all = addresses(&cp).await;
+    assert!(
+        !all.contains_key(&pod_uid("shop", "web-1")),
+        "nothing changes while the policy is refused"
+    );
+
+    let policies: Api<DynamicObject> = Api::namespaced_with(
+        api.client(),
+        "shop",
+        &kube_source::resource_of("security.istio.io/v1", "AuthorizationPolicy")
+            .expect("watched")
+            .0,
+    );
+    policies
+        .delete("ext", &DeleteParams::default())
+        .await
+        .expect("delete the policy");
+    until(&cp, "web-1 served once the policy is gone", |all| {
+        all.contains_key(&pod_uid("shop", "web-1"))
+    })
+    .await;
+    assert!(cp.status().borrow().errors.is_empty());
+    cp.shutdown().await;
+}
