@@ -66,6 +66,7 @@ impl Dump {
             "loads": status.loads,
             "applied": status.applied,
             "errors": status.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "warnings": status.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "gateway_api_status": status.gateway_api,
         });
         let Some(facts) = self.facts.get() else {

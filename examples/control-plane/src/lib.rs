@@ -35,7 +35,7 @@
 //! |---|---|
 //! | `/healthz/ready` | `200` once the manifests were loaded once without error, the serving certificate exists (TLS) and the ADS and CA listeners are bound; `503 not ready: waiting for ...` with what is missing otherwise, and from the start of [`ControlPlane::shutdown`] on |
 //! | `/metrics`, `/stats/prometheus` | the [`metrics`], build info and process metrics (OpenMetrics text) |
-//! | `/config_dump` | JSON: listeners; the manifests' load status, with the Gateway API status conditions (each HTTPRoute's `Accepted` and `ResolvedRefs` per parent, each Gateway listener's attached routes and conditions); per type URL, the snapshot's version and each resource's name and version (never its contents); the CA root's subject and validity; the serving certificate's names and validity; per token, the identities and xDS role it grants (never the token) |
+//! | `/config_dump` | JSON: listeners; the manifests' load status (errors, and warnings: what was left out or cannot be enforced as written), with the Gateway API status conditions (each HTTPRoute's `Accepted` and `ResolvedRefs` per parent, each Gateway listener's attached routes and conditions); per type URL, the snapshot's version and each resource's name and version (never its contents); the CA root's subject and validity; the serving certificate's names and validity; per token, the identities and xDS role it grants (never the token) |
 //! | `/logging?level=FILTER` | sets the log filter, when [`ControlPlaneConfig::with_log_filter`] gave the means |
 //!
 //! Without an address nothing more is bound: an embedding service mounts
@@ -217,6 +217,9 @@ pub struct LoadStatus {
     pub applied: u64,
     /// The problems of the latest load; empty when it succeeded.
     pub errors: Vec<ManifestError>,
+    /// What the latest applied load left out or cannot enforce as written: an object from
+    /// the API that the model refuses, an AuthorizationPolicy's HTTP attributes.
+    pub warnings: Vec<ManifestError>,
     /// The Gateway API status conditions of what is served (HTTPRoutes per parent, Gateway
     /// listeners), as JSON.
     pub gateway_api: serde_json::Value,
@@ -749,8 +752,12 @@ impl Applier {
         match result {
             Ok(set) => {
                 for warning in &set.warnings {
-                    tracing::warn!(%warning, "manifest applied with a warning");
+                    // A warning logged once, not again with every load that repeats it.
+                    if !status.warnings.contains(warning) {
+                        tracing::warn!(%warning, "manifest applied with a warning");
+                    }
                 }
+                status.warnings.clone_from(&set.warnings);
                 let derived = ambient::derive(&set, &self.translate);
                 let snapshot = translate::snapshot_of(&set, &derived, &self.translate);
                 let gateway_routes = gateway_api::route_table(&set, &self.translate);
