@@ -74,11 +74,17 @@ pub const DEFAULT_CONTROLLER: &str = meshkit_mesh::resources::GATEWAY_CONTROLLER
 /// those of [`TranslateOptions::gateway_controller`]'s classes (all when it is `None`), with
 /// the ServiceEntries as the Services that exist.
 pub fn route_table(set: &ManifestSet, options: &TranslateOptions) -> HttpRouteTable {
-    let mut builder = HttpRouteTable::builder().services(
-        set.service_entries
-            .iter()
-            .map(|se| (se.namespace.clone(), se.name.clone())),
-    );
+    let mut builder = HttpRouteTable::builder()
+        .services(
+            set.service_entries
+                .iter()
+                .map(|se| (se.namespace.clone(), se.name.clone())),
+        )
+        .secrets(
+            set.secrets
+                .iter()
+                .map(|s| (s.namespace.clone(), s.name.clone())),
+        );
     if let Some(controller) = &options.gateway_controller {
         builder = builder.controller(controller.clone());
     }

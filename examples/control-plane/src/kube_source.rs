@@ -39,6 +39,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, watch};
 
 use crate::manifests::{ManifestErrors, ManifestSet};
+use crate::status::StatusConfig;
 
 /// A kind the control plane watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +54,9 @@ pub struct Kind {
     pub plural: &'static str,
     /// Field selector of the watch, if any.
     pub fields: Option<&'static str>,
+    /// Whether the control plane writes this kind's `status` ([`crate::status`]): a change
+    /// of its status alone wakes the status writer, not a new model.
+    pub status_written: bool,
 }
 
 /// Every kind the control plane reads from the API server.
@@ -66,16 +70,28 @@ pub const KINDS: &[Kind] = &[
         ..core("Secret", "secrets")
     },
     kind("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
-    kind("networking.k8s.io", "v1", "Ingress", "ingresses"),
+    Kind {
+        status_written: true,
+        ..kind("networking.k8s.io", "v1", "Ingress", "ingresses")
+    },
     kind("networking.k8s.io", "v1", "IngressClass", "ingressclasses"),
-    kind(
-        "gateway.networking.k8s.io",
-        "v1",
-        "GatewayClass",
-        "gatewayclasses",
-    ),
-    kind("gateway.networking.k8s.io", "v1", "Gateway", "gateways"),
-    kind("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes"),
+    Kind {
+        status_written: true,
+        ..kind(
+            "gateway.networking.k8s.io",
+            "v1",
+            "GatewayClass",
+            "gatewayclasses",
+        )
+    },
+    Kind {
+        status_written: true,
+        ..kind("gateway.networking.k8s.io", "v1", "Gateway", "gateways")
+    },
+    Kind {
+        status_written: true,
+        ..kind("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes")
+    },
     kind(
         "gateway.networking.k8s.io",
         "v1",
@@ -155,6 +171,7 @@ const fn core(kind: &'static str, plural: &'static str) -> Kind {
         kind,
         plural,
         fields: None,
+        status_written: false,
     }
 }
 
@@ -170,6 +187,7 @@ const fn kind(
         kind,
         plural,
         fields: None,
+        status_written: false,
     }
 }
 
@@ -180,12 +198,17 @@ pub struct KubeSourceConfig {
     pub client: kube::Client,
     /// How long changes are gathered before a snapshot is built. Default 100 ms.
     pub settle: Duration,
+    /// What status is written back, and who writes it ([`crate::status`]). Default
+    /// [`StatusConfig::default`]: every status, by this control plane alone; `None` writes
+    /// nothing.
+    pub status: Option<StatusConfig>,
 }
 
 impl std::fmt::Debug for KubeSourceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeSourceConfig")
             .field("settle", &self.settle)
+            .field("status", &self.status)
             .finish_non_exhaustive()
     }
 }
@@ -196,7 +219,20 @@ impl KubeSourceConfig {
         Self {
             client,
             settle: Duration::from_millis(100),
+            status: Some(StatusConfig::default()),
         }
+    }
+
+    /// Writes status as `status` says.
+    pub fn with_status(mut self, status: StatusConfig) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Writes no status.
+    pub fn without_status(mut self) -> Self {
+        self.status = None;
+        self
     }
 }
 
@@ -341,11 +377,32 @@ struct Store {
     relisting: BTreeMap<&'static str, BTreeMap<(String, String), Value>>,
 }
 
-/// The watches of every kind; [`Watches::changed`] wakes on each change.
+/// The watches of every kind; [`Watches::changed`] wakes on each change of the model,
+/// [`StatusReader::changed`] on each change of a status the control plane writes.
 pub(crate) struct Watches {
     store: Arc<Mutex<Store>>,
     changed: Arc<Notify>,
+    status_changed: Arc<Notify>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The `status` of the objects whose status the control plane writes, as the API server
+/// serves it now.
+#[derive(Clone)]
+pub(crate) struct StatusReader {
+    store: Arc<Mutex<Store>>,
+    changed: Arc<Notify>,
+}
+
+/// What an event changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    /// Nothing (a write of `resourceVersion` alone).
+    None,
+    /// Only the `status` of a kind whose status the control plane writes.
+    Status,
+    /// What the model is built from.
+    Model,
 }
 
 impl Watches {
@@ -353,6 +410,7 @@ impl Watches {
     pub(crate) fn start(client: &kube::Client) -> Self {
         let store = Arc::new(Mutex::new(Store::default()));
         let changed = Arc::new(Notify::new());
+        let status_changed = Arc::new(Notify::new());
         let tasks = KINDS
             .iter()
             .map(|kind| {
@@ -360,14 +418,23 @@ impl Watches {
                     client.clone(),
                     *kind,
                     Arc::clone(&store),
-                    Arc::clone(&changed),
+                    [Arc::clone(&changed), Arc::clone(&status_changed)],
                 ))
             })
             .collect();
         Self {
             store,
             changed,
+            status_changed,
             tasks,
+        }
+    }
+
+    /// The statuses, for the status writer.
+    pub(crate) fn statuses(&self) -> StatusReader {
+        StatusReader {
+            store: Arc::clone(&self.store),
+            changed: Arc::clone(&self.status_changed),
         }
     }
 
@@ -427,6 +494,24 @@ impl Watches {
     }
 }
 
+impl StatusReader {
+    /// Waits for the next change of a status.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// The `status` of the `kind` object `namespace/name` (`Value::Null` when it has none);
+    /// `None` when no such object is stored.
+    pub(crate) fn status(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let object = store
+            .objects
+            .get(kind)?
+            .get(&(namespace.to_owned(), name.to_owned()))?;
+        Some(object.get("status").cloned().unwrap_or(Value::Null))
+    }
+}
+
 impl Drop for Watches {
     fn drop(&mut self) {
         for task in &self.tasks {
@@ -440,7 +525,7 @@ async fn watch_kind(
     client: kube::Client,
     kind: Kind,
     store: Arc<Mutex<Store>>,
-    changed: Arc<Notify>,
+    [changed, status_changed]: [Arc<Notify>; 2],
 ) {
     let api: Api<DynamicObject> = Api::all_with(client, &kind.api_resource());
     let mut config = watcher::Config::default();
@@ -466,14 +551,22 @@ async fn watch_kind(
                 absent_logged = false;
                 drop(s);
                 changed.notify_one();
+                if kind.status_written {
+                    status_changed.notify_one();
+                }
             }
             Ok(watcher::Event::Apply(object)) => {
                 let (key, value) = entry(&kind, object);
                 let objects = s.objects.entry(kind.kind).or_default();
-                if objects.get(&key) != Some(&value) {
+                let change = change_of(&kind, objects.get(&key), &value);
+                if change != Change::None {
                     objects.insert(key, value);
-                    drop(s);
-                    changed.notify_one();
+                }
+                drop(s);
+                match change {
+                    Change::None => {}
+                    Change::Status => status_changed.notify_one(),
+                    Change::Model => changed.notify_one(),
                 }
             }
             Ok(watcher::Event::Delete(object)) => {
@@ -516,6 +609,26 @@ async fn watch_kind(
     }
 }
 
+/// What replacing `old` with `new` changes: a status the control plane writes is not part
+/// of the model, so a status write does not rebuild it.
+fn change_of(kind: &Kind, old: Option<&Value>, new: &Value) -> Change {
+    let Some(old) = old else {
+        return Change::Model;
+    };
+    if old == new {
+        return Change::None;
+    }
+    fn but_status(v: &Value) -> Option<Vec<(&String, &Value)>> {
+        v.as_object()
+            .map(|o| o.iter().filter(|(k, _)| k.as_str() != "status").collect())
+    }
+    if kind.status_written && but_status(old) == but_status(new) {
+        Change::Status
+    } else {
+        Change::Model
+    }
+}
+
 /// The store's key and value of an object: `apiVersion` and `kind` set (list items come
 /// without them); `managedFields` left out (nothing reads them, and they are often the larger
 /// part of an object), and `resourceVersion` (it changes with every write, a status write
@@ -541,10 +654,10 @@ fn entry(kind: &Kind, object: DynamicObject) -> ((String, String), Value) {
 /// each settled burst of changes, until `stop` says so.
 pub(crate) async fn run(
     config: KubeSourceConfig,
+    watches: Watches,
     mut apply: impl FnMut(Result<ManifestSet, ManifestErrors>),
     mut stop: watch::Receiver<bool>,
 ) {
-    let watches = Watches::start(&config.client);
     let mut waiting_logged = false;
     loop {
         tokio::select! {

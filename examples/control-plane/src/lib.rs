@@ -11,6 +11,9 @@
 //!   unmodified Envoy can be the gateway.
 //! - ADS: meshkit-xds-server's snapshot-cache server (SotW and Delta), pushing only what
 //!   changed; the workload API types come from meshkit-mesh.
+//! - [`status`]: with Kubernetes, the status of the Ingresses, GatewayClasses, Gateways and
+//!   HTTPRoutes meshkit serves, written back only when it differs, by the replica that holds
+//!   the [`leader`] Lease.
 //! - [`ca`]: `IstioCertificateService/CreateCertificate` with bootstrap-token authorization,
 //!   signing with meshkit-identity's [`CaSigner`].
 //! - [`metrics`]: Prometheus metrics with istiod's names (`pilot_xds`, `pilot_xds_pushes`,
@@ -73,9 +76,11 @@ pub mod ambient;
 pub mod ca;
 pub mod gateway_api;
 pub mod kube_source;
+pub mod leader;
 pub mod manifests;
 pub mod metrics;
 pub mod policy;
+pub mod status;
 pub mod tls;
 pub mod translate;
 
@@ -163,7 +168,7 @@ pub enum Source {
     /// A folder of manifests, polled for changes ([`manifests`]).
     Manifests(PathBuf),
     /// The Kubernetes API server, watched ([`kube_source`]).
-    Kubernetes(kube_source::KubeSourceConfig),
+    Kubernetes(Box<kube_source::KubeSourceConfig>),
 }
 
 /// Configuration of [`ControlPlane::start`]; build with [`ControlPlaneConfig::new`] (or
@@ -255,7 +260,7 @@ impl ControlPlaneConfig {
 
     /// Defaults, reading the Kubernetes API server as `source` says.
     pub fn kubernetes(source: kube_source::KubeSourceConfig) -> Self {
-        Self::with_source(Source::Kubernetes(source))
+        Self::with_source(Source::Kubernetes(Box::new(source)))
     }
 
     fn with_source(source: Source) -> Self {
@@ -488,6 +493,7 @@ impl ControlPlane {
             metrics: metrics.manifests().clone(),
             nodes: nodes_tx,
             trust_domain: config.trust_domain.clone(),
+            writes: None,
         };
         let mut folder = None;
         match &config.source {
@@ -502,10 +508,34 @@ impl ControlPlane {
                 folder = Some(watcher);
             }
             Source::Kubernetes(source) => {
-                let source = source.clone();
+                let watches = kube_source::Watches::start(&source.client);
+                if let Some(status) = &source.status {
+                    let (desired_tx, desired) = watch::channel(Arc::default());
+                    applier.writes = Some((status.clone(), desired_tx));
+                    let (leader_tx, leader) = watch::channel(status.lease.is_none());
+                    let mut fixed_leader = Some(leader_tx);
+                    if let Some(lease) = &status.lease {
+                        tasks.push(tokio::spawn(leader::run(
+                            source.client.clone(),
+                            lease.clone(),
+                            fixed_leader.take().unwrap_or_else(|| unreachable!()),
+                            stop.subscribe(),
+                        )));
+                    }
+                    let writer = status::Writer {
+                        client: source.client.clone(),
+                        config: status.clone(),
+                        statuses: watches.statuses(),
+                        metrics: metrics.status().clone(),
+                        _fixed_leader: fixed_leader,
+                    };
+                    tasks.push(tokio::spawn(writer.run(desired, leader, stop.subscribe())));
+                }
+                let source = (**source).clone();
                 let stopped = stop.subscribe();
                 tasks.push(tokio::spawn(kube_source::run(
                     source,
+                    watches,
                     move |result| applier.apply(result),
                     stopped,
                 )));
@@ -742,6 +772,8 @@ struct Applier {
     /// The workloads on each node, for the CA's impersonation rule.
     nodes: watch::Sender<Arc<ca::NodeIdentities>>,
     trust_domain: TrustDomain,
+    /// What status to write, and where to send what each model calls for.
+    writes: Option<(status::StatusConfig, watch::Sender<Arc<status::Desired>>)>,
 }
 
 impl Applier {
@@ -763,6 +795,16 @@ impl Applier {
                 let gateway_routes = gateway_api::route_table(&set, &self.translate);
                 gateway_api::log_status(&gateway_routes);
                 status.gateway_api = gateway_api::status_json(&gateway_routes);
+                if let Some((config, desired)) = &self.writes {
+                    let wanted = status::desired(&set, &gateway_routes, &self.translate, config);
+                    desired.send_if_modified(|d| {
+                        let changed = **d != wanted;
+                        if changed {
+                            *d = Arc::new(wanted);
+                        }
+                        changed
+                    });
+                }
                 self.nodes
                     .send_replace(Arc::new(ca::NodeIdentities::of_workloads(
                         &derived.workloads,

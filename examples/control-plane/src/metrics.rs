@@ -15,6 +15,9 @@
 //! | `meshkit_ca_requests_refused` (`..._total`) | counter | `reason` | CA calls refused: `unauthenticated`, `permission_denied` (identity not granted to the token, or in another trust domain), `invalid_csr`, `limit` (too many calls in progress, or a CSR beyond [`CaLimits::max_csr_bytes`](crate::ca::CaLimits::max_csr_bytes)), `sign_error` |
 //! | `meshkit_manifest_loads` (`..._total`) | counter | `result` (`applied`, `rejected`) | loads of the manifest folder |
 //! | `meshkit_manifest_errors` | gauge | | problems found by the latest load (0 when it was applied) |
+//! | `meshkit_status_writes` (`..._total`) | counter | `kind` | statuses written to the API server ([`crate::status`]) |
+//! | `meshkit_status_write_errors` (`..._total`) | counter | `kind` | status writes that failed (each is retried) |
+//! | `meshkit_leader` | gauge | | 1 while this replica holds the Lease and writes status (always 1 without an election), else 0 |
 //!
 //! The `type` label is istiod's: `cds`, `eds`, `lds`, `rds`, `sds`, `ecds`, `nds`, `pcds`,
 //! `bds`, `wds` (the workload API's `Address` and `Workload`), `wads` (`Authorization`); a
@@ -56,6 +59,15 @@ pub struct ControlPlaneMetrics {
     xds: XdsMetrics,
     ca: CaMetrics,
     manifests: ManifestMetrics,
+    status: StatusMetrics,
+}
+
+/// The status writer's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct StatusMetrics {
+    writes: Family<KindLabels, Counter>,
+    errors: Family<KindLabels, Counter>,
+    leader: Gauge,
 }
 
 /// The ADS metrics: connected clients, pushes, NACKs. It is the [`RequestObserver`] of the
@@ -126,6 +138,11 @@ struct ReasonLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -143,6 +160,7 @@ impl ControlPlaneMetrics {
         self.xds.register(registry);
         self.ca.register(registry);
         self.manifests.register(registry);
+        self.status.register(registry);
     }
 
     /// The ADS metrics.
@@ -158,6 +176,63 @@ impl ControlPlaneMetrics {
     /// The manifest metrics.
     pub fn manifests(&self) -> &ManifestMetrics {
         &self.manifests
+    }
+
+    /// The status writer's metrics.
+    pub fn status(&self) -> &StatusMetrics {
+        &self.status
+    }
+}
+
+// === impl StatusMetrics ===
+
+impl StatusMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "meshkit_status_writes",
+            "Statuses written to the API server, by kind",
+            self.writes.clone(),
+        );
+        registry.register(
+            "meshkit_status_write_errors",
+            "Status writes that failed, by kind",
+            self.errors.clone(),
+        );
+        registry.register(
+            "meshkit_leader",
+            "1 while this replica writes status",
+            self.leader.clone(),
+        );
+    }
+
+    /// Statuses of `kind` written so far.
+    pub fn writes(&self, kind: &'static str) -> u64 {
+        self.writes.get_or_create(&KindLabels { kind }).get()
+    }
+
+    /// Statuses written so far, of every kind.
+    pub fn total_writes(&self) -> u64 {
+        ["Ingress", "GatewayClass", "Gateway", "HTTPRoute"]
+            .into_iter()
+            .map(|kind| self.writes(kind))
+            .sum()
+    }
+
+    /// Whether this replica writes status now.
+    pub fn leading(&self) -> bool {
+        self.leader.get() == 1
+    }
+
+    pub(crate) fn written(&self, kind: &'static str) {
+        self.writes.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub(crate) fn failed(&self, kind: &'static str) {
+        self.errors.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub(crate) fn set_leading(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 }
 

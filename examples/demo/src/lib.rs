@@ -407,7 +407,7 @@ impl DemoMesh {
         let td = TrustDomain::new("cluster.local")?;
         let mut cp_config = match &source {
             Source::Manifests(dir) => ControlPlaneConfig::new(dir),
-            Source::Kubernetes(kube) => ControlPlaneConfig::kubernetes(kube.clone()),
+            Source::Kubernetes(kube) => ControlPlaneConfig::kubernetes((**kube).clone()),
         };
         cp_config = cp_config
             .with_ads_addr(SocketAddr::from(([127, 0, 0, 1], 0)))

@@ -323,7 +323,7 @@ pub struct ListenerStatus {
     pub gateway: String,
     /// Name of the listener.
     pub listener: String,
-    /// Routes attached to it.
+    /// Routes Accepted on it.
     pub attached_routes: u32,
     /// `Accepted`.
     pub accepted: Condition,
@@ -339,6 +339,7 @@ pub struct HttpRouteTableBuilder {
     classes: Vec<GatewayClass>,
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
     services: Option<HashSet<(String, String)>>,
+    secrets: Option<HashSet<(String, String)>>,
 }
 
 /// Gateway API HTTP routes of a set of Gateways, with lookups whose cost does not depend on
@@ -784,6 +785,21 @@ impl HttpRouteTableBuilder {
         self.services
             .get_or_insert_with(HashSet::new)
             .extend(services.into_iter().map(|(n, s)| (n.into(), s.into())));
+        self
+    }
+
+    /// The TLS Secrets that exist, as `(namespace, name)`; a listener certificate naming
+    /// another is `InvalidCertificateRef`. Without it, every Secret reference is taken to
+    /// exist.
+    pub fn secrets<I, N, S>(mut self, secrets: I) -> Self
+    where
+        I: IntoIterator<Item = (N, S)>,
+        N: Into<String>,
+        S: Into<String>,
+    {
+        self.secrets
+            .get_or_insert_with(HashSet::new)
+            .extend(secrets.into_iter().map(|(n, s)| (n.into(), s.into())));
         self
     }
 
@@ -1445,6 +1461,16 @@ impl<'b> Build<'b> {
                             cert.name
                         ),
                     );
+                } else if self
+                    .config
+                    .secrets
+                    .as_ref()
+                    .is_some_and(|known| !known.contains(&(cert_ns.clone(), cert.name.clone())))
+                {
+                    resolved = Condition::no(
+                        Reason::InvalidCertificateRef,
+                        format!("no TLS Secret {cert_ns}/{}", cert.name),
+                    );
                 } else {
                     certificates.push(CertificateRef {
                         namespace: cert_ns,
@@ -1665,13 +1691,14 @@ impl<'b> Build<'b> {
                 continue;
             }
             allowed = true;
-            counted.push(entry.status);
             let hosts =
                 effective_hostnames(entry.listener.hostname.as_deref(), &route.spec.hostnames);
             if hosts.is_empty() {
                 continue;
             }
             attached = true;
+            // attachedRoutes counts the routes Accepted on the listener.
+            counted.push(entry.status);
             attachments.extend(hosts.into_iter().map(|h| (group, h)));
         }
         if attached {

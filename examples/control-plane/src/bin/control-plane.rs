@@ -12,6 +12,8 @@ use meshkit_cli::{CliError, init_logging_with_filter, stop_signal};
 use meshkit_control_plane::LogFilter;
 use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::kube_source::{self, KubeSourceConfig};
+use meshkit_control_plane::leader::LeaseConfig;
+use meshkit_control_plane::status::{AddressSource, StatusConfig};
 use meshkit_control_plane::tls::ServingTls;
 use meshkit_control_plane::translate::TranslateOptions;
 use meshkit_control_plane::{CaSource, ControlPlane, ControlPlaneConfig};
@@ -96,6 +98,32 @@ struct Args {
     /// monitoring port by default. Unauthenticated: keep it on loopback.
     #[arg(long, default_value = "127.0.0.1:15014")]
     admin_addr: SocketAddr,
+    /// With Kubernetes: write no status (Ingress addresses, Gateway API conditions).
+    #[arg(long)]
+    no_status: bool,
+    /// With Kubernetes: the gateway's address (an IP or a host name; repeatable), written
+    /// in Ingress and Gateway status.
+    #[arg(long = "gateway-address", conflicts_with = "gateway_service")]
+    gateway_addresses: Vec<String>,
+    /// With Kubernetes: the Service in front of the gateway (`NAMESPACE/NAME`), whose load
+    /// balancer status (else external IPs) gives the address written in Ingress and Gateway
+    /// status.
+    #[arg(long)]
+    gateway_service: Option<String>,
+    /// With Kubernetes: write status from every replica, without electing one on a Lease
+    /// (for a single replica only).
+    #[arg(long)]
+    no_leader_election: bool,
+    /// The Lease's namespace; default: the kubeconfig's namespace (in a Pod, its own).
+    #[arg(long)]
+    lease_namespace: Option<String>,
+    /// The Lease's name.
+    #[arg(long, default_value = "meshkit-control-plane")]
+    lease_name: String,
+    /// This replica's name in the Lease; default: the `POD_NAME` variable, else the host
+    /// name, with the process id.
+    #[arg(long)]
+    identity: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -117,7 +145,7 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
             TokenGrants::new()
         }
     };
-    let ca = match (args.ca_cert, args.ca_key) {
+    let ca = match (args.ca_cert.clone(), args.ca_key.clone()) {
         (Some(cert), Some(key)) if args.ca_generate_if_missing => {
             CaSource::LoadOrGenerate { cert, key }
         }
@@ -127,13 +155,13 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
     let translate = TranslateOptions {
         http_listener: args.envoy_http,
         https_listener: Some(args.envoy_https),
-        ingress_class: args.ingress_class,
+        ingress_class: args.ingress_class.clone(),
         gateway_api_address: args.envoy_gateway_api_address,
-        gateway_controller: Some(args.gateway_controller),
+        gateway_controller: Some(args.gateway_controller.clone()),
         ..TranslateOptions::default()
     };
     let config = match kube {
-        Some(kube) => ControlPlaneConfig::kubernetes(KubeSourceConfig::new(kube)),
+        Some(kube) => ControlPlaneConfig::kubernetes(kube_config(&args, kube)?),
         None => ControlPlaneConfig::new(
             args.manifests
                 .clone()
@@ -171,6 +199,41 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
     tracing::info!("stopping");
     cp.shutdown().await;
     Ok(())
+}
+
+/// The Kubernetes source the arguments ask for over `client`: status, its address, the
+/// election.
+fn kube_config(args: &Args, client: kube::Client) -> Result<KubeSourceConfig, CliError> {
+    if args.no_status {
+        return Ok(KubeSourceConfig::new(client).without_status());
+    }
+    let mut status = StatusConfig::default();
+    if let Some(service) = &args.gateway_service {
+        let Some((namespace, name)) = service.split_once('/') else {
+            return Err(format!("--gateway-service {service:?}: expected NAMESPACE/NAME").into());
+        };
+        status = status.with_address(AddressSource::Service {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        });
+    } else if !args.gateway_addresses.is_empty() {
+        status = status.with_address(AddressSource::Fixed(args.gateway_addresses.clone()));
+    }
+    if !args.no_leader_election {
+        let namespace = args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        let identity = args.identity.clone().unwrap_or_else(|| {
+            let host = std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .unwrap_or_else(|_| "control-plane".to_owned());
+            format!("{host}-{}", std::process::id())
+        });
+        status =
+            status.with_lease(LeaseConfig::new(namespace, identity).with_name(&args.lease_name));
+    }
+    Ok(KubeSourceConfig::new(client).with_status(status))
 }
 
 /// The Kubernetes client the arguments ask for, `None` for the manifests folder.

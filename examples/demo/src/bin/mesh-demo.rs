@@ -195,7 +195,7 @@ async fn run(args: Args) -> Result<bool, CliError> {
                     path.display()
                 ),
             );
-            Source::Kubernetes(KubeSourceConfig::new(client))
+            Source::Kubernetes(Box::new(KubeSourceConfig::new(client)))
         }
         None => {
             write_samples(&dir)?;
