@@ -78,10 +78,19 @@ pub struct IstioCertificateResponse {
 #[derive(Debug, Clone)]
 pub struct IstioCaClient {
     channel: Channel,
-    token: Option<AsciiMetadataValue>,
+    token: Option<BearerToken>,
     cluster_id: Option<AsciiMetadataValue>,
     timeout: Duration,
     impersonate: bool,
+}
+
+/// Where the bearer token comes from.
+#[derive(Debug, Clone)]
+enum BearerToken {
+    /// This header value.
+    Fixed(AsciiMetadataValue),
+    /// The contents of this file, read for every request.
+    File(std::path::PathBuf),
 }
 
 /// How long one `CreateCertificate` call may take, connecting included, unless
@@ -125,8 +134,18 @@ impl IstioCaClient {
     pub fn with_bearer_token(mut self, token: &str) -> Result<Self, CaError> {
         let value = MetadataValue::try_from(format!("Bearer {token}"))
             .map_err(|_| CaError::Csr("bearer token is not a valid header value".into()))?;
-        self.token = Some(value);
+        self.token = Some(BearerToken::Fixed(value));
         Ok(self)
+    }
+
+    /// Sends `authorization: Bearer TOKEN` with every request, `TOKEN` read from `path`
+    /// for each (surrounding white space trimmed): a projected ServiceAccount token, which
+    /// the kubelet rewrites before it expires, is sent as it is now. A request whose file
+    /// cannot be read, or holds no valid header value, fails with [`CaError::Unavailable`]
+    /// and is retried as for an unreachable CA.
+    pub fn with_bearer_token_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.token = Some(BearerToken::File(path.into()));
+        self
     }
 
     /// Sends the `ClusterID` header Istio uses to pick the cluster that authenticates the token.
@@ -175,8 +194,27 @@ impl IstioCaClient {
             metadata,
         });
         req.set_timeout(self.timeout);
-        if let Some(token) = &self.token {
-            req.metadata_mut().insert("authorization", token.clone());
+        match &self.token {
+            Some(BearerToken::Fixed(token)) => {
+                req.metadata_mut().insert("authorization", token.clone());
+            }
+            Some(BearerToken::File(path)) => {
+                let token = std::fs::read_to_string(path).map_err(|e| {
+                    CaError::Unavailable(format!(
+                        "cannot read the token file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                let value =
+                    MetadataValue::try_from(format!("Bearer {}", token.trim())).map_err(|_| {
+                        CaError::Unavailable(format!(
+                            "the token file {} holds no valid token",
+                            path.display()
+                        ))
+                    })?;
+                req.metadata_mut().insert("authorization", value);
+            }
+            None => {}
         }
         if let Some(cluster) = &self.cluster_id {
             req.metadata_mut().insert("clusterid", cluster.clone());

@@ -207,3 +207,53 @@ async fn a_silent_ca_times_out() {
     );
     drop(listener);
 }
+
+#[tokio::test]
+async fn a_token_file_is_read_for_every_request() {
+    let ca = Arc::new(TestCa::new(TrustDomain::new("a.test").unwrap()));
+    let (url, _server) = start(TokenSigner {
+        ca,
+        token: "rotated",
+        allowed: web(),
+    })
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .unwrap()
+        .connect_lazy();
+    let dir = std::env::temp_dir().join(format!("meshkit-token-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("istio-token");
+    std::fs::write(&path, "expired\n").unwrap();
+    let client = IstioCaClient::new(channel).with_bearer_token_file(&path);
+    let err = bounded(
+        "the old token",
+        request_svid(&client, &web(), Duration::from_secs(600)),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, CaError::Rejected(ref m) if m.contains("Unauthenticated")),
+        "{err:?}"
+    );
+    // The kubelet writes the new token: the next request sends it, trimmed.
+    std::fs::write(&path, "rotated\n").unwrap();
+    bounded(
+        "the new token",
+        request_svid(&client, &web(), Duration::from_secs(600)),
+    )
+    .await
+    .expect("signed with the new token");
+    // A file that cannot be read is an outage (retried), not a refusal.
+    std::fs::remove_file(&path).unwrap();
+    let err = bounded(
+        "no token",
+        request_svid(&client, &web(), Duration::from_secs(600)),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, CaError::Unavailable(ref m) if m.contains("cannot read the token file")),
+        "{err:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

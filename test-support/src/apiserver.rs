@@ -100,6 +100,11 @@ pub struct ApiServer {
     // Fields drop in order: the API server stops before its storage.
     apiserver: KillOnDrop,
     etcd: KillOnDrop,
+    /// How kube-apiserver is started, to start it again.
+    command: Command,
+    apiserver_log: PathBuf,
+    /// kube-apiserver processes started so far.
+    starts: u32,
     dir: PathBuf,
     url: String,
     ca_pem: String,
@@ -169,41 +174,41 @@ impl ApiServer {
 
         let port = free_port();
         let url = format!("https://127.0.0.1:{port}");
-        let apiserver = spawn(
-            Command::new(&binaries.kube_apiserver)
-                .arg(format!("--etcd-servers={etcd_url}"))
-                .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
-                .arg(format!("--secure-port={port}"))
-                .arg(format!("--cert-dir={}", dir.join("certs").display()))
-                .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
-                .arg(format!(
-                    "--tls-private-key-file={}",
-                    pki.serving_key.display()
-                ))
-                .arg(format!("--token-auth-file={}", pki.tokens.display()))
-                .arg(format!("--service-account-issuer={ISSUER}"))
-                .arg(format!(
-                    "--service-account-key-file={}",
-                    pki.sa_public_key.display()
-                ))
-                .arg(format!(
-                    "--service-account-signing-key-file={}",
-                    pki.sa_key.display()
-                ))
-                .args([
-                    "--authorization-mode=RBAC",
-                    "--service-cluster-ip-range=10.96.0.0/16",
-                    "--allow-privileged=true",
-                    // Nothing creates a namespace's `default` ServiceAccount without a
-                    // controller-manager; Pods name the accounts the tests create.
-                    "--disable-admission-plugins=ServiceAccount",
-                    // The `kubernetes` Service's endpoint would be the loopback address,
-                    // which the reconciler refuses.
-                    "--endpoint-reconciler-type=none",
-                    "--v=0",
-                ]),
-            &dir.join("kube-apiserver.log"),
-        );
+        let mut command = Command::new(&binaries.kube_apiserver);
+        command
+            .arg(format!("--etcd-servers={etcd_url}"))
+            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            .arg(format!("--secure-port={port}"))
+            .arg(format!("--cert-dir={}", dir.join("certs").display()))
+            .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
+            .arg(format!(
+                "--tls-private-key-file={}",
+                pki.serving_key.display()
+            ))
+            .arg(format!("--token-auth-file={}", pki.tokens.display()))
+            .arg(format!("--service-account-issuer={ISSUER}"))
+            .arg(format!(
+                "--service-account-key-file={}",
+                pki.sa_public_key.display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                pki.sa_key.display()
+            ))
+            .args([
+                "--authorization-mode=RBAC",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                // Nothing creates a namespace's `default` ServiceAccount without a
+                // controller-manager; Pods name the accounts the tests create.
+                "--disable-admission-plugins=ServiceAccount",
+                // The `kubernetes` Service's endpoint would be the loopback address,
+                // which the reconciler refuses.
+                "--endpoint-reconciler-type=none",
+                "--v=0",
+            ]);
+        let apiserver_log = dir.join("kube-apiserver.log");
+        let apiserver = spawn(&mut command, &apiserver_log);
 
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(
@@ -216,6 +221,9 @@ impl ApiServer {
         let mut server = Self {
             apiserver,
             etcd,
+            command,
+            apiserver_log,
+            starts: 1,
             dir,
             url,
             ca_pem: pki.ca_pem,
@@ -269,6 +277,37 @@ impl ApiServer {
     /// memory, say).
     pub fn pids(&self) -> (u32, u32) {
         (self.apiserver.0.id(), self.etcd.0.id())
+    }
+
+    /// Stops kube-apiserver (SIGKILL, as a crash or a lost node would) and starts it again on
+    /// the same port over the same etcd, then waits until it is ready: its watch cache starts
+    /// anew, so a watch resumed from before answers 410 Gone.
+    ///
+    /// # Panics
+    ///
+    /// When it does not come back, with the end of its log.
+    pub async fn restart(&mut self) {
+        let _ = self.apiserver.0.kill();
+        let _ = self.apiserver.0.wait();
+        self.starts += 1;
+        self.apiserver_log = self.dir.join(format!("kube-apiserver.{}.log", self.starts));
+        self.apiserver = spawn(&mut self.command, &self.apiserver_log);
+        let started = Instant::now();
+        self.wait_ready(started).await;
+    }
+
+    /// The address kube-apiserver listens on.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.url
+            .trim_start_matches("https://")
+            .parse()
+            .expect("the URL is https://IP:PORT")
+    }
+
+    /// A client of the API server at `url` instead (a relay in front of it, say; its
+    /// serving certificate names `127.0.0.1`), presenting `token`.
+    pub fn client_at(&self, url: &str, token: &str) -> kube::Client {
+        client_for(url, &self.ca_pem, token)
     }
 
     /// The ServiceAccount `namespace/name`, created when it does not exist.
@@ -330,6 +369,59 @@ impl ApiServer {
             .expect("a TokenRequest answer carries the token")
     }
 
+    /// A token for the ServiceAccount `namespace/name` and `audiences` as TokenRequest mints
+    /// it, signed with the API server's own key, but issued two hours ago and expired an hour
+    /// ago: TokenRequest cannot mint one (its shortest lifetime is ten minutes).
+    ///
+    /// # Panics
+    ///
+    /// When the API server refuses the TokenRequest it starts from.
+    pub async fn expired_service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        audiences: &[&str],
+    ) -> String {
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
+        use rustls_pki_types::pem::PemObject as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let fresh = self
+            .service_account_token(namespace, name, audiences, None)
+            .await;
+        let mut parts = fresh.split('.');
+        let header = parts.next().expect("a JWT header");
+        let claims = b64
+            .decode(parts.next().expect("JWT claims"))
+            .expect("base64url claims");
+        let mut claims: Value = serde_json::from_slice(&claims).expect("JSON claims");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs();
+        claims["iat"] = (now - 7200).into();
+        claims["nbf"] = (now - 7200).into();
+        claims["exp"] = (now - 3600).into();
+        let signing_input = format!(
+            "{header}.{}",
+            b64.encode(serde_json::to_vec(&claims).expect("JSON"))
+        );
+        let key = rustls_pki_types::PrivatePkcs8KeyDer::from_pem_file(
+            self.dir.join("service-account.key"),
+        )
+        .expect("the ServiceAccount signing key");
+        let rng = ring::rand::SystemRandom::new();
+        let pair = EcdsaKeyPair::from_pkcs8(
+            &ECDSA_P256_SHA256_FIXED_SIGNING,
+            key.secret_pkcs8_der(),
+            &rng,
+        )
+        .expect("a P-256 key");
+        let signature = pair
+            .sign(&rng, signing_input.as_bytes())
+            .expect("a signature");
+        format!("{signing_input}.{}", b64.encode(signature.as_ref()))
+    }
+
     async fn wait_ready(&mut self, started: Instant) {
         loop {
             let request = http::Request::get("/readyz")
@@ -345,7 +437,7 @@ impl ApiServer {
                 if let Ok(Some(status)) = child.try_wait() {
                     panic!(
                         "{name} exited ({status}):\n{}\netcd:\n{}",
-                        tail(&self.dir.join("kube-apiserver.log")),
+                        tail(&self.apiserver_log),
                         tail(&self.dir.join("etcd.log"))
                     );
                 }
@@ -353,7 +445,7 @@ impl ApiServer {
             assert!(
                 started.elapsed() < READY_TIMEOUT,
                 "kube-apiserver not ready after {READY_TIMEOUT:?}:\n{}\netcd:\n{}",
-                tail(&self.dir.join("kube-apiserver.log")),
+                tail(&self.apiserver_log),
                 tail(&self.dir.join("etcd.log"))
             );
             tokio::time::sleep(Duration::from_millis(100)).await;

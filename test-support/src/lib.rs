@@ -1,6 +1,6 @@
 //! Helpers shared by meshkit's integration tests that run processes on loopback: a free
-//! port, waiting for a port to open, a child process killed on drop, the Envoy binary, and a
-//! Kubernetes API server ([`apiserver`]).
+//! port, waiting for a port to open, a child process killed on drop, the Envoy binary, a
+//! Kubernetes API server ([`apiserver`]), and a TCP relay to cut ([`relay`]).
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 pub mod apiserver;
 pub mod openmetrics;
+pub mod relay;
 
 /// A plain HTTP/1.1 GET of `path` on `addr` (`Connection: close`, 20 s bound on every read
 /// and write): the status code and the body. For admin endpoints.

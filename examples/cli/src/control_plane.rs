@@ -92,31 +92,38 @@ impl ControlPlaneArgs {
             .connect_lazy())
     }
 
-    /// The token for the CA at `uri`: `explicit` (a `--ca-token`), else the token file's
-    /// contents.
+    /// The token for the CA at `uri`: `explicit` (a `--ca-token`), else the token file, read
+    /// anew for every request so that a rotated token (a projected ServiceAccount token) is
+    /// sent once it is written.
     ///
     /// # Errors
     ///
-    /// When the token file cannot be read, or a token would go in plaintext (`http://`) to
-    /// a host that is not loopback.
-    pub fn ca_token(&self, explicit: Option<&str>, uri: &str) -> Result<Option<String>, CliError> {
+    /// When the token file cannot be read now, or a token would go in plaintext (`http://`)
+    /// to a host that is not loopback.
+    pub fn ca_token(&self, explicit: Option<&str>, uri: &str) -> Result<Option<CaToken>, CliError> {
         if let Some(token) = explicit {
             token_may_go_to("--ca-token", uri)?;
-            return Ok(Some(token.to_owned()));
+            return Ok(Some(CaToken::Value(token.to_owned())));
         }
-        if self.xds_token_file.is_some() {
-            token_may_go_to("--xds-token-file", uri)?;
-        }
-        match &self.xds_token_file {
-            Some(path) => Ok(Some(
-                std::fs::read_to_string(path)
-                    .map_err(|e| format!("--xds-token-file {}: {e}", path.display()))?
-                    .trim()
-                    .to_owned(),
-            )),
-            None => Ok(None),
-        }
+        let Some(path) = &self.xds_token_file else {
+            return Ok(None);
+        };
+        token_may_go_to("--xds-token-file", uri)?;
+        // Read once now, so that a missing file is an error at start rather than a CA
+        // refusing every request.
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("--xds-token-file {}: {e}", path.display()))?;
+        Ok(Some(CaToken::File(path.clone())))
     }
+}
+
+/// The bearer token a part sends to the CA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaToken {
+    /// This token.
+    Value(String),
+    /// The contents of this file, read for each request.
+    File(PathBuf),
 }
 
 /// Refuses to send a bearer token in plaintext beyond this host: over `http://` it may only go

@@ -29,7 +29,7 @@ mod control_plane;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use control_plane::ControlPlaneArgs;
+pub use control_plane::{CaToken, ControlPlaneArgs};
 pub use meshkit_admin::LogFilter;
 
 use meshkit_identity::{

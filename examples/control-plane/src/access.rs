@@ -10,10 +10,15 @@
 //! | `gateway=NAME` | a gateway (meshkit's or Envoy) | `NAME` (`NAME*`: any id starting with `NAME`) | everything but Secrets, and the Secrets that some Ingress's `spec.tls` names (`namespace/secretName`) |
 //! | `gateway=NAME:CLASS` | a gateway of IngressClass `CLASS` | as `gateway=NAME` | as `gateway=NAME`, but only the Ingresses of class `CLASS` (by `spec.ingressClassName`, the legacy annotation, or the default class) and only the Secrets those name |
 //!
+//! With ServiceAccount tokens taken ([`crate::service_accounts`]), a token not in the file is
+//! reviewed by the API server: a node proxy's Pod-bound token is `node=` its Pod's node, a
+//! gateway's ServiceAccount is `gateway=*`, and any other ServiceAccount may not use xDS.
+//!
 //! | the call | status |
 //! |---|---|
 //! | no `authorization: Bearer` header | `UNAUTHENTICATED` |
-//! | a token not in the file | `UNAUTHENTICATED` |
+//! | a token not in the file (and, when taken, not a ServiceAccount token the API server accepts for the audience) | `UNAUTHENTICATED` |
+//! | a ServiceAccount that is neither a node proxy's nor a gateway's | `PERMISSION_DENIED` |
 //! | a token without an xDS role (CA only) | `PERMISSION_DENIED` |
 //! | first request without a node | `INVALID_ARGUMENT` |
 //! | a request whose `node.id` is not the token's | `PERMISSION_DENIED` |
@@ -41,6 +46,8 @@ use tonic::metadata::MetadataMap;
 
 use crate::ca::TokenGrants;
 use crate::metrics::XdsMetrics;
+use crate::service_accounts::{Reviewer, looks_like_jwt};
+use futures::future::BoxFuture;
 
 /// What a token may be over ADS.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -66,6 +73,7 @@ pub enum XdsRole {
 #[derive(Clone)]
 pub struct TokenAccess {
     grants: Arc<TokenGrants>,
+    accounts: Option<Arc<Reviewer>>,
     views: Arc<Mutex<Views>>,
     metrics: Option<XdsMetrics>,
 }
@@ -371,9 +379,16 @@ impl TokenAccess {
     pub fn new(grants: TokenGrants) -> Self {
         Self {
             grants: Arc::new(grants),
+            accounts: None,
             views: Arc::default(),
             metrics: None,
         }
+    }
+
+    /// Also takes ServiceAccount tokens, checked by `reviewer` ([`crate::service_accounts`]).
+    pub(crate) fn with_service_accounts(mut self, reviewer: Arc<Reviewer>) -> Self {
+        self.accounts = Some(reviewer);
+        self
     }
 
     /// Counts the streams whose node was accepted in `metrics` (`pilot_xds`), until they
@@ -404,20 +419,33 @@ pub(crate) fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
 }
 
 impl AccessPolicy for TokenAccess {
-    fn open(&self, metadata: &MetadataMap) -> Result<Box<dyn StreamAccess>, Status> {
-        let token = bearer(metadata)?;
-        match self.grants.xds_role(token) {
-            Some(role) => Ok(Box::new(ClientAccess {
-                role: role.clone(),
+    fn open<'a>(
+        &'a self,
+        metadata: &'a MetadataMap,
+    ) -> BoxFuture<'a, Result<Box<dyn StreamAccess>, Status>> {
+        Box::pin(async move {
+            let token = bearer(metadata)?;
+            let role = match self.grants.xds_role(token) {
+                Some(role) => role.clone(),
+                None if self.grants.knows(token) => {
+                    return Err(Status::permission_denied(
+                        "this token may not use xDS (it has no node= or gateway= role)",
+                    ));
+                }
+                None => match &self.accounts {
+                    Some(reviewer) if looks_like_jwt(token) => {
+                        reviewer.caller(token).await?.xds_role()?
+                    }
+                    _ => return Err(Status::unauthenticated("unknown token")),
+                },
+            };
+            Ok(Box::new(ClientAccess {
+                role,
                 views: Arc::clone(&self.views),
                 metrics: self.metrics.clone(),
                 connected: None,
-            })),
-            None if self.grants.knows(token) => Err(Status::permission_denied(
-                "this token may not use xDS (it has no node= or gateway= role)",
-            )),
-            None => Err(Status::unauthenticated("unknown token")),
-        }
+            }) as Box<dyn StreamAccess>)
+        })
     }
 }
 

@@ -6,10 +6,10 @@
 //! A caller proves which identities it may hold with a bearer token (`authorization: Bearer
 //! TOKEN`), looked up in a [`TokenGrants`] table loaded from a file the operator writes. Each
 //! token grants a set of SPIFFE IDs (exact, or a prefix ending in `/*`). A CSR is signed only
-//! when its single URI SAN is in the caller's set and in the CA's trust domain. Istio instead
-//! verifies Kubernetes service account tokens with the API server (TokenReview) and derives
-//! the identity from them; here whoever holds a token file line holds those identities, so the
-//! file must be protected like a key. See `docs/control-plane.md`.
+//! when its single URI SAN is in the caller's set and in the CA's trust domain. Whoever holds
+//! a token file line holds those identities, so the file must be protected like a key. With
+//! Kubernetes, the callers' own ServiceAccount tokens, verified by the API server, are the
+//! credentials instead ([`crate::service_accounts`]). See `docs/control-plane.md`.
 //!
 //! # Node proxies: Istio's impersonation rule
 //!
@@ -47,6 +47,7 @@ use tonic::server::NamedService;
 use tonic::transport::server::Connected;
 
 use crate::metrics::{CaMetrics, CaRefusal};
+use crate::service_accounts::{Caller, Reviewer, looks_like_jwt};
 
 /// Default validity of issued certificates when the request names none.
 pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(24 * 3600);
@@ -77,12 +78,26 @@ pub struct TokenSigner {
     max_csr_bytes: usize,
     metrics: CaMetrics,
     nodes: watch::Receiver<Arc<NodeIdentities>>,
+    accounts: Option<Arc<Reviewer>>,
+}
+
+/// Who a caller is, by its credential.
+enum Credential<'t> {
+    /// A token of the token file.
+    Bootstrap(&'t str),
+    /// A ServiceAccount token, reviewed.
+    Account(Caller),
 }
 
 /// The identities of the workloads on each node: what a node proxy's credential may request
-/// certificates for on their behalf.
+/// certificates for on their behalf; and the node of each Pod, for a node proxy's Pod-bound
+/// ServiceAccount token.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeIdentities(BTreeMap<String, BTreeSet<SpiffeId>>);
+pub struct NodeIdentities {
+    identities: BTreeMap<String, BTreeSet<SpiffeId>>,
+    /// `(namespace, name)` to `(uid, node)`.
+    pods: BTreeMap<(String, String), (String, String)>,
+}
 
 // === impl NodeIdentities ===
 
@@ -94,12 +109,43 @@ impl NodeIdentities {
 
     /// Records that a workload with identity `id` runs on `node`.
     pub fn insert(&mut self, node: &str, id: SpiffeId) {
-        self.0.entry(node.to_owned()).or_default().insert(id);
+        self.identities
+            .entry(node.to_owned())
+            .or_default()
+            .insert(id);
     }
 
     /// Whether a workload with identity `id` runs on `node`.
     pub fn contains(&self, node: &str, id: &SpiffeId) -> bool {
-        self.0.get(node).is_some_and(|ids| ids.contains(id))
+        self.identities
+            .get(node)
+            .is_some_and(|ids| ids.contains(id))
+    }
+
+    /// Records the node of each of `pods` that has one.
+    pub fn with_pods(mut self, pods: &[k8s_openapi::api::core::v1::Pod]) -> Self {
+        for pod in pods {
+            let meta = &pod.metadata;
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            if let (Some(namespace), Some(name), Some(uid), Some(node)) = (
+                meta.namespace.clone(),
+                meta.name.clone(),
+                meta.uid.clone(),
+                node,
+            ) {
+                self.pods.insert((namespace, name), (uid, node));
+            }
+        }
+        self
+    }
+
+    /// The node of Pod `namespace/name`, when it exists with uid `uid` (a Pod of the same
+    /// name created anew is another Pod) and runs on a node.
+    pub fn node_of_pod(&self, namespace: &str, name: &str, uid: &str) -> Option<&str> {
+        self.pods
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .filter(|(known, _)| known == uid)
+            .map(|(_, node)| node.as_str())
     }
 
     /// The workloads that name a node (Pods and WorkloadEntries), with their identities in
@@ -351,6 +397,7 @@ impl TokenSigner {
             max_csr_bytes: CaLimits::default().max_csr_bytes,
             metrics: CaMetrics::default(),
             nodes: watch::channel(Arc::new(NodeIdentities::new())).1,
+            accounts: None,
         }
     }
 
@@ -382,15 +429,25 @@ impl TokenSigner {
         self.ca.root_pem()
     }
 
-    /// The whole decision, without gRPC plumbing: token from `authorization`, identity from
-    /// the CSR, grant check, signature; counted in the signer's metrics.
-    fn decide(
+    /// Checks ServiceAccount tokens (tokens that are not in the token file) with `reviewer`.
+    pub(crate) fn with_service_accounts(mut self, reviewer: Arc<Reviewer>) -> Self {
+        self.accounts = Some(reviewer);
+        self
+    }
+
+    /// The whole decision, without gRPC plumbing: the caller from `authorization`, identity
+    /// from the CSR, grant check, signature; counted in the signer's metrics.
+    async fn decide(
         &self,
         authorization: Option<&str>,
         request: &IstioCertificateRequest,
     ) -> Result<IstioCertificateResponse, Status> {
         self.metrics.csr();
-        match self.try_decide(authorization, request) {
+        let result = match self.authenticate(authorization).await {
+            Ok(credential) => self.try_decide(&credential, request),
+            Err(refused) => Err(refused),
+        };
+        match result {
             Ok(response) => {
                 self.metrics.issued();
                 Ok(response)
@@ -402,11 +459,12 @@ impl TokenSigner {
         }
     }
 
-    fn try_decide(
+    /// The caller: a token of the token file, else a ServiceAccount token the API server
+    /// accepts (when ServiceAccount tokens are taken).
+    async fn authenticate<'t>(
         &self,
-        authorization: Option<&str>,
-        request: &IstioCertificateRequest,
-    ) -> Result<IstioCertificateResponse, (CaRefusal, Status)> {
+        authorization: Option<&'t str>,
+    ) -> Result<Credential<'t>, (CaRefusal, Status)> {
         let token = authorization
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
@@ -417,12 +475,34 @@ impl TokenSigner {
                     Status::unauthenticated("a bearer token is required"),
                 )
             })?;
-        if !self.grants.knows(token) {
-            return Err((
+        if self.grants.knows(token) {
+            return Ok(Credential::Bootstrap(token));
+        }
+        match &self.accounts {
+            Some(reviewer) if looks_like_jwt(token) => reviewer
+                .caller(token)
+                .await
+                .map(Credential::Account)
+                .map_err(|status| {
+                    let reason = if status.code() == tonic::Code::Unauthenticated {
+                        CaRefusal::Unauthenticated
+                    } else {
+                        CaRefusal::PermissionDenied
+                    };
+                    (reason, status)
+                }),
+            _ => Err((
                 CaRefusal::Unauthenticated,
                 Status::unauthenticated("unknown bootstrap token"),
-            ));
+            )),
         }
+    }
+
+    fn try_decide(
+        &self,
+        credential: &Credential<'_>,
+        request: &IstioCertificateRequest,
+    ) -> Result<IstioCertificateResponse, (CaRefusal, Status)> {
         if request.csr.len() > self.max_csr_bytes {
             return Err((
                 CaRefusal::Limit,
@@ -454,12 +534,37 @@ impl TokenSigner {
         // for its own workload's identity without naming it): the identities on its token
         // line never count.
         let named = impersonated_identity(request);
-        let is_node = matches!(
-            self.grants.xds_role(token),
-            Some(crate::access::XdsRole::Node(_))
-        );
-        if named.is_some() || is_node {
-            self.check_impersonation(token, &id, named.unwrap_or(Ok(id.as_str())))?;
+        let token = match credential {
+            Credential::Bootstrap(token) => token,
+            Credential::Account(Caller::Node(node)) => {
+                self.check_impersonation(Some(node), &id, named.unwrap_or(Ok(id.as_str())))?;
+                return self.sign(request, &id);
+            }
+            Credential::Account(Caller::Gateway(account) | Caller::Workload(account)) => {
+                if named.is_some() {
+                    self.check_impersonation(None, &id, named.unwrap_or(Ok(id.as_str())))?;
+                }
+                let own =
+                    SpiffeId::from_istio(self.ca.trust_domain(), &account.namespace, &account.name)
+                        .ok();
+                if own.as_ref() != Some(&id) {
+                    tracing::warn!(%id, %account, "CA: a ServiceAccount asked for another identity");
+                    return Err((
+                        CaRefusal::PermissionDenied,
+                        Status::permission_denied(format!(
+                            "ServiceAccount {account} may request only its own identity, not {id}"
+                        )),
+                    ));
+                }
+                return self.sign(request, &id);
+            }
+        };
+        let node = match self.grants.xds_role(token) {
+            Some(crate::access::XdsRole::Node(node)) => Some(node.as_str()),
+            _ => None,
+        };
+        if named.is_some() || node.is_some() {
+            self.check_impersonation(node, &id, named.unwrap_or(Ok(id.as_str())))?;
             return self.sign(request, &id);
         }
         if !self.grants.allows(token, &id) {
@@ -473,10 +578,11 @@ impl TokenSigner {
     }
 
     /// Istio's rule for a request naming `ImpersonatedIdentity` (`named`): only a node
-    /// proxy's credential, only the CSR's own identity, only a workload on its node.
+    /// proxy's credential (of `node`), only the CSR's own identity, only a workload on its
+    /// node.
     fn check_impersonation(
         &self,
-        token: &str,
+        node: Option<&str>,
         id: &SpiffeId,
         named: Result<&str, ()>,
     ) -> Result<(), (CaRefusal, Status)> {
@@ -494,8 +600,8 @@ impl TokenSigner {
                 )),
             ));
         }
-        let Some(crate::access::XdsRole::Node(node)) = self.grants.xds_role(token) else {
-            tracing::warn!(%id, "CA: impersonation by a token that is not a node proxy's");
+        let Some(node) = node else {
+            tracing::warn!(%id, "CA: impersonation by a credential that is not a node proxy's");
             return Err((
                 CaRefusal::PermissionDenied,
                 Status::permission_denied(
@@ -569,8 +675,10 @@ impl CertificateSigner for TokenSigner {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let result = self.decide(authorization.as_deref(), request.get_ref());
-        Box::pin(std::future::ready(result))
+        Box::pin(async move {
+            self.decide(authorization.as_deref(), request.get_ref())
+                .await
+        })
     }
 }
 
@@ -882,13 +990,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_impersonated_identity_must_be_the_csrs_and_a_string() {
+    #[tokio::test]
+    async fn the_impersonated_identity_must_be_the_csrs_and_a_string() {
         use prost_types::value::Kind;
         let signer = signer();
         let web = "spiffe://cluster.local/ns/shop/sa/web";
         let ok = request(web, Kind::StringValue(web.to_owned()));
-        let issued = signer.decide(Some("Bearer node-token"), &ok);
+        let issued = signer.decide(Some("Bearer node-token"), &ok).await;
         assert!(issued.is_ok(), "{issued:?}");
         let other = request(
             web,
@@ -896,6 +1004,7 @@ mod tests {
         );
         let status = signer
             .decide(Some("Bearer node-token"), &other)
+            .await
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::PermissionDenied);
         assert!(
@@ -905,6 +1014,7 @@ mod tests {
         let number = request(web, Kind::NumberValue(1.0));
         let status = signer
             .decide(Some("Bearer node-token"), &number)
+            .await
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
     }

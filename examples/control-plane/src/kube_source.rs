@@ -39,6 +39,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, watch};
 
 use crate::manifests::{ManifestErrors, ManifestSet};
+use crate::metrics::KubeMetrics;
 use crate::status::StatusConfig;
 
 /// A kind the control plane watches.
@@ -407,7 +408,7 @@ enum Change {
 
 impl Watches {
     /// Starts a watch of each of [`KINDS`].
-    pub(crate) fn start(client: &kube::Client) -> Self {
+    pub(crate) fn start(client: &kube::Client, metrics: KubeMetrics) -> Self {
         let store = Arc::new(Mutex::new(Store::default()));
         let changed = Arc::new(Notify::new());
         let status_changed = Arc::new(Notify::new());
@@ -419,6 +420,7 @@ impl Watches {
                     *kind,
                     Arc::clone(&store),
                     [Arc::clone(&changed), Arc::clone(&status_changed)],
+                    metrics.clone(),
                 ))
             })
             .collect();
@@ -526,6 +528,7 @@ async fn watch_kind(
     kind: Kind,
     store: Arc<Mutex<Store>>,
     [changed, status_changed]: [Arc<Notify>; 2],
+    metrics: KubeMetrics,
 ) {
     let api: Api<DynamicObject> = Api::all_with(client, &kind.api_resource());
     let mut config = watcher::Config::default();
@@ -550,6 +553,7 @@ async fn watch_kind(
                 s.listed.insert(kind.kind, true);
                 absent_logged = false;
                 drop(s);
+                metrics.listed(kind.kind);
                 changed.notify_one();
                 if kind.status_written {
                     status_changed.notify_one();

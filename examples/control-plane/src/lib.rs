@@ -80,6 +80,7 @@ pub mod leader;
 pub mod manifests;
 pub mod metrics;
 pub mod policy;
+pub mod service_accounts;
 pub mod status;
 pub mod tls;
 pub mod translate;
@@ -211,6 +212,9 @@ pub struct ControlPlaneConfig {
     /// What `/logging?level=` sets. Default `None`: the admin endpoint cannot change the
     /// log filter.
     pub log_filter: Option<LogFilter>,
+    /// Whether ADS and the CA also take Kubernetes ServiceAccount tokens, and how
+    /// ([`service_accounts`]). Default `None`: only the tokens of [`Self::grants`].
+    pub service_accounts: Option<service_accounts::ServiceAccountAuth>,
 }
 
 /// The outcome of the latest load of the manifest folder.
@@ -280,7 +284,14 @@ impl ControlPlaneConfig {
             max_connections_per_source: 64,
             admin_addr: None,
             log_filter: None,
+            service_accounts: None,
         }
+    }
+
+    /// Also takes ServiceAccount tokens, reviewed as `auth` says.
+    pub fn with_service_accounts(mut self, auth: service_accounts::ServiceAccountAuth) -> Self {
+        self.service_accounts = Some(auth);
+        self
     }
 
     /// Serves the admin endpoint on `addr` (port 0 for any; see
@@ -466,9 +477,22 @@ impl ControlPlane {
             .as_ref()
             .and_then(|t| t.dns_names.first().cloned());
         let (nodes_tx, nodes_rx) = watch::channel(Arc::new(ca::NodeIdentities::new()));
-        let signer = TokenSigner::new(keys, config.grants.clone())
+        let reviewer = config.service_accounts.clone().map(|auth| {
+            Arc::new(service_accounts::Reviewer::new(
+                auth,
+                nodes_rx.clone(),
+                metrics.service_accounts().clone(),
+            ))
+        });
+        let mut signer = TokenSigner::new(keys, config.grants.clone())
             .with_metrics(metrics.ca().clone())
             .with_node_identities(nodes_rx);
+        let mut access =
+            access::TokenAccess::new(config.grants.clone()).with_metrics(metrics.xds().clone());
+        if let Some(reviewer) = reviewer {
+            signer = signer.with_service_accounts(Arc::clone(&reviewer));
+            access = access.with_service_accounts(reviewer);
+        }
         let ca_limits = config.ca_limits.clone();
 
         let (ads_listener, ads_addr) = bind("ADS", config.ads_addr).await?;
@@ -508,7 +532,7 @@ impl ControlPlane {
                 folder = Some(watcher);
             }
             Source::Kubernetes(source) => {
-                let watches = kube_source::Watches::start(&source.client);
+                let watches = kube_source::Watches::start(&source.client, metrics.kube().clone());
                 if let Some(status) = &source.status {
                     let (desired_tx, desired) = watch::channel(Arc::default());
                     applier.writes = Some((status.clone(), desired_tx));
@@ -528,6 +552,7 @@ impl ControlPlane {
                         statuses: watches.statuses(),
                         metrics: metrics.status().clone(),
                         _fixed_leader: fixed_leader,
+                        reported: std::collections::BTreeSet::new(),
                     };
                     tasks.push(tokio::spawn(writer.run(desired, leader, stop.subscribe())));
                 }
@@ -546,9 +571,7 @@ impl ControlPlane {
         // Delta clients resuming with many resources send them all in their first request.
         let ads = AdsServer::new(cache.clone())
             .with_config(ServerConfig::default().max_decoding_message_size(16 * 1024 * 1024))
-            .with_access(
-                access::TokenAccess::new(config.grants.clone()).with_metrics(metrics.xds().clone()),
-            )
+            .with_access(access)
             .with_observer(metrics.xds().clone())
             .with_stop(stop.subscribe());
         let per_source = config.max_connections_per_source;
@@ -796,7 +819,8 @@ impl Applier {
                 gateway_api::log_status(&gateway_routes);
                 status.gateway_api = gateway_api::status_json(&gateway_routes);
                 if let Some((config, desired)) = &self.writes {
-                    let wanted = status::desired(&set, &gateway_routes, &self.translate, config);
+                    let wanted = status::desired(&set, &gateway_routes, &self.translate, config)
+                        .with_problems(&set.warnings);
                     desired.send_if_modified(|d| {
                         let changed = **d != wanted;
                         if changed {
@@ -805,11 +829,10 @@ impl Applier {
                         changed
                     });
                 }
-                self.nodes
-                    .send_replace(Arc::new(ca::NodeIdentities::of_workloads(
-                        &derived.workloads,
-                        &self.trust_domain,
-                    )));
+                self.nodes.send_replace(Arc::new(
+                    ca::NodeIdentities::of_workloads(&derived.workloads, &self.trust_domain)
+                        .with_pods(&set.pods),
+                ));
                 self.cache.set(snapshot);
                 status.applied += 1;
                 status.errors.clear();
@@ -831,6 +854,10 @@ impl Applier {
             Err(errors) => {
                 for error in &errors.0 {
                     tracing::warn!(%error, "manifest rejected; still serving the last good configuration");
+                }
+                if let Some((_, desired)) = &self.writes {
+                    let wanted = (**desired.borrow()).clone().with_problems(&errors.0);
+                    desired.send_replace(Arc::new(wanted));
                 }
                 self.metrics.rejected(errors.0.len());
                 status.errors = errors.0;

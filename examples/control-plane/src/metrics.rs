@@ -17,6 +17,8 @@
 //! | `meshkit_manifest_errors` | gauge | | problems found by the latest load (0 when it was applied) |
 //! | `meshkit_status_writes` (`..._total`) | counter | `kind` | statuses written to the API server ([`crate::status`]) |
 //! | `meshkit_status_write_errors` (`..._total`) | counter | `kind` | status writes that failed (each is retried) |
+//! | `meshkit_token_reviews` (`..._total`) | counter | `result` (`authenticated`, `refused`, `error`) | TokenReviews asked of the API server for ServiceAccount tokens ([`crate::service_accounts`]; a cached answer asks none) |
+//! | `meshkit_kube_lists` (`..._total`) | counter | `kind` | full lists of a watched kind from the API server: the first, and each relist (a watch that expired, 410 Gone, or an API server that came back) |
 //! | `meshkit_leader` | gauge | | 1 while this replica holds the Lease and writes status (always 1 without an election), else 0 |
 //!
 //! The `type` label is istiod's: `cds`, `eds`, `lds`, `rds`, `sds`, `ecds`, `nds`, `pcds`,
@@ -60,6 +62,20 @@ pub struct ControlPlaneMetrics {
     ca: CaMetrics,
     manifests: ManifestMetrics,
     status: StatusMetrics,
+    service_accounts: ServiceAccountMetrics,
+    kube: KubeMetrics,
+}
+
+/// The Kubernetes source's watches.
+#[derive(Debug, Clone, Default)]
+pub struct KubeMetrics {
+    lists: Family<KindLabels, Counter>,
+}
+
+/// The ServiceAccount token reviews.
+#[derive(Debug, Clone, Default)]
+pub struct ServiceAccountMetrics {
+    reviews: Family<ResultLabels, Counter>,
 }
 
 /// The status writer's metrics.
@@ -161,6 +177,8 @@ impl ControlPlaneMetrics {
         self.ca.register(registry);
         self.manifests.register(registry);
         self.status.register(registry);
+        self.service_accounts.register(registry);
+        self.kube.register(registry);
     }
 
     /// The ADS metrics.
@@ -181,6 +199,58 @@ impl ControlPlaneMetrics {
     /// The status writer's metrics.
     pub fn status(&self) -> &StatusMetrics {
         &self.status
+    }
+
+    /// The ServiceAccount token reviews.
+    pub fn service_accounts(&self) -> &ServiceAccountMetrics {
+        &self.service_accounts
+    }
+
+    /// The Kubernetes source's watches.
+    pub fn kube(&self) -> &KubeMetrics {
+        &self.kube
+    }
+}
+
+// === impl KubeMetrics ===
+
+impl KubeMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "meshkit_kube_lists",
+            "Full lists of a watched kind from the API server",
+            self.lists.clone(),
+        );
+    }
+
+    /// Full lists of `kind` so far.
+    pub fn lists(&self, kind: &'static str) -> u64 {
+        self.lists.get_or_create(&KindLabels { kind }).get()
+    }
+
+    pub(crate) fn listed(&self, kind: &'static str) {
+        self.lists.get_or_create(&KindLabels { kind }).inc();
+    }
+}
+
+// === impl ServiceAccountMetrics ===
+
+impl ServiceAccountMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "meshkit_token_reviews",
+            "TokenReviews of ServiceAccount tokens asked of the API server, by result",
+            self.reviews.clone(),
+        );
+    }
+
+    /// TokenReviews with `result` (`authenticated`, `refused`, `error`) so far.
+    pub fn reviews(&self, result: &'static str) -> u64 {
+        self.reviews.get_or_create(&ResultLabels { result }).get()
+    }
+
+    pub(crate) fn reviewed(&self, result: &'static str) {
+        self.reviews.get_or_create(&ResultLabels { result }).inc();
     }
 }
 

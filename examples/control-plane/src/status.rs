@@ -31,7 +31,7 @@ use tokio::sync::watch;
 
 use crate::kube_source::{KINDS, StatusReader};
 use crate::leader::LeaseConfig;
-use crate::manifests::ManifestSet;
+use crate::manifests::{ManifestError, ManifestSet};
 use crate::metrics::StatusMetrics;
 use crate::translate::TranslateOptions;
 
@@ -112,12 +112,49 @@ pub(crate) struct Target {
     name: String,
 }
 
-/// What each object's status should be, before the times of its conditions are known.
+/// What each object's status should be, before the times of its conditions are known; and
+/// the objects the model refuses, each reported once as an Event on it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Desired {
     statuses: BTreeMap<Target, Value>,
     /// The controller name of the HTTPRoute parents written.
     controller: String,
+    refusals: BTreeSet<Refusal>,
+}
+
+/// An object the model refused or cannot enforce as written, and why.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Refusal {
+    target: Target,
+    message: String,
+}
+
+impl Desired {
+    /// Reports `problems` (of objects from the API, named `KIND NAMESPACE/NAME` or `KIND
+    /// NAME`) as Events, in place of those reported before.
+    pub(crate) fn with_problems(mut self, problems: &[ManifestError]) -> Self {
+        self.refusals = problems
+            .iter()
+            .filter_map(|p| {
+                let origin = p.file.to_str()?;
+                let (kind, rest) = origin.split_once(' ')?;
+                let kind = KINDS.iter().find(|k| k.kind == kind)?;
+                let (namespace, name) = match rest.split_once('/') {
+                    Some((ns, name)) => (ns, name),
+                    None => ("", rest),
+                };
+                let message = match &p.field {
+                    Some(field) => format!("{field}: {}", p.message),
+                    None => p.message.clone(),
+                };
+                Some(Refusal {
+                    target: target(kind.kind, namespace, name),
+                    message,
+                })
+            })
+            .collect();
+        self
+    }
 }
 
 /// The statuses `set` calls for, with `table` its Gateway API route table.
@@ -245,6 +282,7 @@ pub(crate) fn desired(
     Desired {
         statuses,
         controller,
+        refusals: BTreeSet::new(),
     }
 }
 
@@ -552,13 +590,15 @@ pub(crate) struct Writer {
     pub(crate) metrics: StatusMetrics,
     /// Without an election, the sender that says this control plane always leads.
     pub(crate) _fixed_leader: Option<watch::Sender<bool>>,
+    /// The refusals reported as Events while this replica leads.
+    pub(crate) reported: BTreeSet<Refusal>,
 }
 
 impl Writer {
     /// Writes what `desired` calls for whenever it, a status, or the leadership changes,
     /// while `leader` says so, until `stop`.
     pub(crate) async fn run(
-        self,
+        mut self,
         mut desired: watch::Receiver<Arc<Desired>>,
         mut leader: watch::Receiver<bool>,
         mut stop: watch::Receiver<bool>,
@@ -583,6 +623,8 @@ impl Writer {
             let leading = *leader.borrow_and_update();
             self.metrics.set_leading(leading);
             if !leading {
+                // A new leader reports what is refused then, itself.
+                self.reported.clear();
                 retry = None;
                 continue;
             }
@@ -595,8 +637,86 @@ impl Writer {
         }
     }
 
+    /// Writes every status that differs from `desired`, and an Event for each refusal not
+    /// reported yet; false when a write failed.
+    async fn reconcile(&mut self, desired: &Desired) -> bool {
+        let statuses = self.write_statuses(desired).await;
+        self.reported.retain(|r| desired.refusals.contains(r));
+        let mut events = true;
+        for refusal in desired.refusals.difference(&self.reported.clone()) {
+            match self.event(refusal).await {
+                Ok(()) => {
+                    self.reported.insert(refusal.clone());
+                }
+                Err(error) => {
+                    events = false;
+                    tracing::warn!(kind = refusal.target.kind, name = %refusal.target.name, %error, "the Event of a refused object could not be written; retrying");
+                }
+            }
+        }
+        statuses && events
+    }
+
+    /// Reports `refusal` as a Warning Event on its object.
+    async fn event(&self, refusal: &Refusal) -> Result<(), kube::Error> {
+        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+        let t = &refusal.target;
+        let Some(kind) = KINDS.iter().find(|k| k.kind == t.kind) else {
+            return Ok(());
+        };
+        let namespace = if t.namespace.is_empty() {
+            "default".to_owned()
+        } else {
+            t.namespace.clone()
+        };
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let mut message = refusal.message.clone();
+        if message.len() > 1024 {
+            let mut end = 1024;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+        }
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", t.name)),
+                namespace: Some(namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some(kind.api_version()),
+                kind: Some(kind.kind.to_owned()),
+                name: Some(t.name.clone()),
+                namespace: (!t.namespace.is_empty()).then(|| t.namespace.clone()),
+                ..ObjectReference::default()
+            },
+            reason: Some("Refused".to_owned()),
+            message: Some(message),
+            type_: Some("Warning".to_owned()),
+            action: Some("Apply".to_owned()),
+            source: Some(EventSource {
+                component: Some(self.config.field_manager.clone()),
+                host: None,
+            }),
+            reporting_component: Some(self.config.field_manager.clone()),
+            reporting_instance: Some(self.config.field_manager.clone()),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            event_time: Some(MicroTime(now)),
+            count: Some(1),
+            ..Event::default()
+        };
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        events
+            .create(&kube::api::PostParams::default(), &event)
+            .await
+            .map(|_| ())
+    }
+
     /// Writes every status that differs from `desired`; false when a write failed.
-    async fn reconcile(&self, desired: &Desired) -> bool {
+    async fn write_statuses(&self, desired: &Desired) -> bool {
         let now = now_rfc3339();
         let mut ok = true;
         for (target, want) in &desired.statuses {

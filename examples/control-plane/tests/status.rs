@@ -1,6 +1,7 @@
 //! Status written back to a real API server (test-support's etcd + kube-apiserver): Ingress
 //! addresses, GatewayClass, Gateway and HTTPRoute conditions, only for meshkit's objects,
-//! only when they change; and one writer among replicas, elected on a Lease.
+//! only when they change; and one writer among replicas, elected on a Lease. The control
+//! planes run as their own ServiceAccount, with only the RBAC of `deploy/rbac.yaml`.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -127,9 +128,11 @@ spec:
   rules: [{backendRefs: [{name: echo, port: 80}]}]
 "#;
 
+/// A control plane under its own ServiceAccount, with only the RBAC of `deploy/rbac.yaml`.
 async fn start(api: &ApiServer, status: StatusConfig) -> ControlPlane {
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let source = KubeSourceConfig::new(api.client()).with_status(status);
+    let client = support::control_plane_client(api).await;
+    let source = KubeSourceConfig::new(client).with_status(status);
     ControlPlane::start(
         ControlPlaneConfig::kubernetes(source)
             .with_ads_addr(any)
@@ -401,6 +404,46 @@ async fn status_of_meshkits_objects_is_written_once_and_kept_right() {
         listener(g, "http")["attachedRoutes"] == 2
     })
     .await;
+
+    // An object the model refuses is left out, and reported as an Event on it.
+    apply(
+        &api,
+        "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: vm, namespace: shop}\nspec: {address: vm.example.com}\n",
+    )
+    .await;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(api.client(), "shop");
+    let deadline = Instant::now() + PATIENCE;
+    let event = loop {
+        let params = kube::api::ListParams::default().fields("involvedObject.name=vm");
+        let list = events.list(&params).await.expect("Events");
+        if let Some(event) = list.items.into_iter().next() {
+            break event;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Event for the refused WorkloadEntry"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(event.reason.as_deref(), Some("Refused"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.involved_object.kind.as_deref(), Some("WorkloadEntry"));
+    assert!(
+        event
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("address")),
+        "{event:?}"
+    );
+    // Once: another change does not report it again.
+    apply(
+        &api,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, labels: {touched: \"again\"}}\n",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let params = kube::api::ListParams::default().fields("involvedObject.name=vm");
+    assert_eq!(events.list(&params).await.expect("Events").items.len(), 1);
     cp.shutdown().await;
 }
 
@@ -435,7 +478,7 @@ async fn one_replica_writes_and_another_takes_over_when_it_stops() {
     apply(&api, OBJECTS).await;
     let lease_duration = Duration::from_secs(3);
     let replica = |identity: &str| {
-        StatusConfig::default().with_lease(LeaseConfig::new("default", identity).with_timing(
+        StatusConfig::default().with_lease(LeaseConfig::new("istio-system", identity).with_timing(
             lease_duration,
             Duration::from_secs(2),
             Duration::from_millis(300),
@@ -515,7 +558,7 @@ async fn one_replica_writes_and_another_takes_over_when_it_stops() {
 
 async fn api_lease(api: &ApiServer) -> Value {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(api.client(), "default");
+        Api::namespaced(api.client(), "istio-system");
     serde_json::to_value(
         leases
             .get("meshkit-control-plane")

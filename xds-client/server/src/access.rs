@@ -17,9 +17,11 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 
 use crate::snapshot::Snapshot;
+use futures::future::BoxFuture;
 
-/// Decides whether a stream may open, from its gRPC metadata. Implemented for closures
-/// `Fn(&MetadataMap) -> Result<Box<dyn StreamAccess>, Status>`.
+/// Decides whether a stream may open, from its gRPC metadata; asynchronously, so that a
+/// credential can be checked with another service (a Kubernetes `TokenReview`, say).
+/// Implemented for closures `Fn(&MetadataMap) -> Result<Box<dyn StreamAccess>, Status>`.
 pub trait AccessPolicy: Send + Sync + 'static {
     /// The access of a new stream, or the status that refuses it (typically
     /// `UNAUTHENTICATED` without valid credentials). A refused call ends before any request
@@ -28,7 +30,10 @@ pub trait AccessPolicy: Send + Sync + 'static {
     /// # Errors
     ///
     /// The status the call ends with.
-    fn open(&self, metadata: &MetadataMap) -> Result<Box<dyn StreamAccess>, Status>;
+    fn open<'a>(
+        &'a self,
+        metadata: &'a MetadataMap,
+    ) -> BoxFuture<'a, Result<Box<dyn StreamAccess>, Status>>;
 }
 
 /// One stream's access rights: which node it may speak for and what it may see.
@@ -52,8 +57,11 @@ impl<F> AccessPolicy for F
 where
     F: Fn(&MetadataMap) -> Result<Box<dyn StreamAccess>, Status> + Send + Sync + 'static,
 {
-    fn open(&self, metadata: &MetadataMap) -> Result<Box<dyn StreamAccess>, Status> {
-        self(metadata)
+    fn open<'a>(
+        &'a self,
+        metadata: &'a MetadataMap,
+    ) -> BoxFuture<'a, Result<Box<dyn StreamAccess>, Status>> {
+        Box::pin(std::future::ready(self(metadata)))
     }
 }
 

@@ -376,7 +376,7 @@ impl AggregatedDiscoveryService for AdsServer {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         let permit = self.stream_permit()?;
-        let guard = self.admit(request.metadata())?;
+        let guard = self.admit(request.metadata()).await?;
         admitted(&request);
         Ok(Response::new(Box::pin(permit.hold(
             self.open::<SotwStream>(request.into_inner(), guard),
@@ -388,7 +388,7 @@ impl AggregatedDiscoveryService for AdsServer {
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
         let permit = self.stream_permit()?;
-        let guard = self.admit(request.metadata())?;
+        let guard = self.admit(request.metadata()).await?;
         admitted(&request);
         Ok(Response::new(Box::pin(permit.hold(
             self.open::<DeltaStream>(request.into_inner(), guard),
@@ -409,10 +409,13 @@ impl AdsServer {
     }
 
     /// Asks the [`AccessPolicy`], if any, whether a stream with `metadata` may open.
-    fn admit(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Option<Guard>, Status> {
+    async fn admit(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Option<Guard>, Status> {
         match &self.access {
             None => Ok(None),
-            Some(policy) => match policy.open(metadata) {
+            Some(policy) => match policy.open(metadata).await {
                 Ok(access) => Ok(Some(Guard::new(access))),
                 Err(status) => {
                     tracing::warn!(%status, "ADS stream refused");

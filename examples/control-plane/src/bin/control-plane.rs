@@ -1,7 +1,7 @@
 //! meshkit's control plane: reads the Kubernetes API server (or a folder of Kubernetes and
 //! Istio manifests), serves what it reads over ADS (SotW and Delta) to node proxies,
-//! meshkit's gateway and Envoy, and runs a CA for bootstrap-token holders. See
-//! `docs/control-plane.md`.
+//! meshkit's gateway and Envoy, and runs a CA for the holders of ServiceAccount tokens (with
+//! Kubernetes) and of bootstrap tokens. See `docs/control-plane.md`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,6 +13,7 @@ use meshkit_control_plane::LogFilter;
 use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::kube_source::{self, KubeSourceConfig};
 use meshkit_control_plane::leader::LeaseConfig;
+use meshkit_control_plane::service_accounts::{ServiceAccountAuth, ServiceAccountRef};
 use meshkit_control_plane::status::{AddressSource, StatusConfig};
 use meshkit_control_plane::tls::ServingTls;
 use meshkit_control_plane::translate::TranslateOptions;
@@ -124,6 +125,20 @@ struct Args {
     /// name, with the process id.
     #[arg(long)]
     identity: Option<String>,
+    /// With Kubernetes: take only the --tokens file's tokens, not ServiceAccount tokens.
+    #[arg(long)]
+    no_service_account_tokens: bool,
+    /// The node proxies' ServiceAccounts (`NAMESPACE/NAME`, comma-separated), whose
+    /// Pod-bound tokens act for their Pod's node (istiod's CA_TRUSTED_NODE_ACCOUNTS).
+    #[arg(long, value_delimiter = ',', default_value = "istio-system/ztunnel")]
+    trusted_node_accounts: Vec<ServiceAccountRef>,
+    /// The gateways' ServiceAccounts (`NAMESPACE/NAME`, comma-separated), served as
+    /// gateways over ADS.
+    #[arg(long, value_delimiter = ',')]
+    gateway_accounts: Vec<ServiceAccountRef>,
+    /// The audience ServiceAccount tokens must have.
+    #[arg(long, default_value = meshkit_control_plane::service_accounts::ISTIO_CA_AUDIENCE)]
+    token_audience: String,
 }
 
 fn main() -> ExitCode {
@@ -141,7 +156,9 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
     let grants = match &args.tokens {
         Some(path) => TokenGrants::load(path)?,
         None => {
-            tracing::warn!("no --tokens file: the CA will refuse every request");
+            if kube.is_none() || args.no_service_account_tokens {
+                tracing::warn!("no --tokens file: the CA will refuse every request");
+            }
             TokenGrants::new()
         }
     };
@@ -161,7 +178,16 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
         ..TranslateOptions::default()
     };
     let config = match kube {
-        Some(kube) => ControlPlaneConfig::kubernetes(kube_config(&args, kube)?),
+        Some(kube) if args.no_service_account_tokens => {
+            ControlPlaneConfig::kubernetes(kube_config(&args, kube)?)
+        }
+        Some(kube) => ControlPlaneConfig::kubernetes(kube_config(&args, kube.clone())?)
+            .with_service_accounts(
+                ServiceAccountAuth::new(kube)
+                    .with_audience(&args.token_audience)
+                    .with_node_accounts(args.trusted_node_accounts.clone())
+                    .with_gateway_accounts(args.gateway_accounts.clone()),
+            ),
         None => ControlPlaneConfig::new(
             args.manifests
                 .clone()

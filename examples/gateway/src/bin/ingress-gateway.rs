@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 use clap::Parser;
 use meshkit_admin::{AccessLog, Admin, LogFilter, Registry};
 use meshkit_cli::{
-    CliError, ControlPlaneArgs, init_logging_with_filter, load_bundle, parse_id,
+    CaToken, CliError, ControlPlaneArgs, init_logging_with_filter, load_bundle, parse_id,
     reload_every_second, run_main, stop_signal,
 };
 use meshkit_gateway::{Gateway, GatewayConfig, GatewaySettings, TlsCertificate};
@@ -180,7 +180,10 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
         .control_plane
         .ca_token(args.ca_token.as_deref(), &args.ca)?
     {
-        ca = ca.with_bearer_token(&token)?;
+        ca = match token {
+            CaToken::Value(token) => ca.with_bearer_token(&token)?,
+            CaToken::File(path) => ca.with_bearer_token_file(path),
+        };
     }
     let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
     let client = Client::new(meshkit_cli::hbone_client_config(), certs.clone(), bundles);

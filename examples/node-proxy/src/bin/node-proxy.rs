@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use meshkit_cli::{
-    CliError, ControlPlaneArgs, init_logging_with_filter, load_bundle, parse_id,
+    CaToken, CliError, ControlPlaneArgs, init_logging_with_filter, load_bundle, parse_id,
     reload_every_second, run_main,
 };
 use meshkit_identity::istio::IstioCaClient;
@@ -169,7 +169,10 @@ async fn run(args: Args, filter: LogFilter) -> Result<(), CliError> {
         .control_plane
         .ca_token(args.ca_token.as_deref(), &args.ca)?
     {
-        ca = ca.with_bearer_token(&token)?;
+        ca = match token {
+            CaToken::Value(token) => ca.with_bearer_token(&token)?,
+            CaToken::File(path) => ca.with_bearer_token_file(path),
+        };
     }
     let certs = SvidCache::new(ca, meshkit_cli::rotation_config());
 
