@@ -10,11 +10,11 @@
 //!   answers 404) counts as listed and empty; its watch keeps retrying with backoff, so a CRD
 //!   installed later is picked up. A 404 after a kind has been listed (an API server
 //!   restarting) changes nothing: its objects are kept until a list says otherwise.
-//! - An object the model refuses is left out with a warning and the others are served;
-//!   except an AuthorizationPolicy or PeerAuthentication: leaving one out could allow what it
-//!   was written to deny, so then nothing changes and the refusal is published as the
-//!   load's error, as with a folder (a CRD without Istio's validating webhook stores what the
-//!   model refuses, `action: CUSTOM` say).
+//! - An object the model refuses is left out alone, with a warning (and an Event on it,
+//!   [`crate::status`]), and the others are served. That holds for policies too, as istiod
+//!   leaves out for ztunnel an AuthorizationPolicy it cannot convert (`action: CUSTOM` or
+//!   `AUDIT`, which a CRD without Istio's validating webhook stores): a waypoint enforces
+//!   those, not a node proxy.
 //! - An event that leaves an object as it was (a write of `resourceVersion` alone) changes
 //!   nothing.
 //! - Changes are gathered for [`KubeSourceConfig::settle`] (100 ms by default) before a
@@ -456,8 +456,7 @@ impl Watches {
     }
 
     /// The model of what is stored now. The objects it refuses are left out, each with a
-    /// warning; a refused policy (AuthorizationPolicy, PeerAuthentication) makes the whole
-    /// model an error instead, so that the last one stays served.
+    /// warning.
     pub(crate) fn manifest_set(&self) -> Result<ManifestSet, ManifestErrors> {
         // Copied out under the lock and parsed after it: the watches go on meanwhile.
         let objects: Vec<(&'static str, String, Value)> = {
@@ -479,20 +478,11 @@ impl Watches {
                 .collect()
         };
         let mut set = ManifestSet::default();
-        let mut refused_policies = Vec::new();
-        for (kind, origin, object) in objects {
+        for (_, origin, object) in objects {
             let refused = set.add_object(&origin, object);
-            if matches!(kind, "AuthorizationPolicy" | "PeerAuthentication") {
-                refused_policies.extend(refused);
-            } else {
-                set.warnings.extend(refused);
-            }
+            set.warnings.extend(refused);
         }
-        if refused_policies.is_empty() {
-            Ok(set)
-        } else {
-            Err(ManifestErrors(refused_policies))
-        }
+        Ok(set)
     }
 }
 

@@ -25,8 +25,7 @@
 //! (polled every 200 ms by default; a change is loaded once two polls in a row see the same
 //! contents). A folder load with any error changes nothing that is served; the errors are
 //! logged and published in [`LoadStatus`]. From the API, an object the model refuses is left
-//! out with a warning and the rest is served, except a refused policy, which changes nothing
-//! and is published in [`LoadStatus`] as with a folder.
+//! out alone, with a warning (and an Event on it), and the rest is served.
 //!
 //! # Admin endpoint
 //!

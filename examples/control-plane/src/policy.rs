@@ -20,8 +20,9 @@
 //!   (fewer connections allowed); in a DENY policy it is enforced without them (more
 //!   connections denied): an entry left with no L4 condition matches every connection, so the
 //!   clause holding it is no condition. Both come with a warning naming the attributes.
-//! - Actions CUSTOM and AUDIT are refused with an error: a node proxy cannot enforce them,
-//!   and skipping them would silently allow what they were written to stop.
+//! - Actions CUSTOM and AUDIT are refused with an error: a node proxy cannot enforce them.
+//!   From a folder the error changes nothing; from the API the policy is left out alone with
+//!   an Event on it, as istiod leaves it out for ztunnel (a waypoint enforces it).
 //! - `istio.io/dry-run: "true"` makes a dry-run policy: evaluated and logged, never enforced.
 //! - Values that do not parse (a port that is not a number up to 65535, an IP block that is
 //!   not an address or CIDR range) are errors with their field path, never skipped: skipping

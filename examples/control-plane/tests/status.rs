@@ -405,36 +405,39 @@ async fn status_of_meshkits_objects_is_written_once_and_kept_right() {
     })
     .await;
 
-    // An object the model refuses is left out, and reported as an Event on it.
+    // Objects the model refuses are left out, each reported as an Event on it: a
+    // WorkloadEntry by host name, an AuthorizationPolicy a node proxy cannot enforce.
     apply(
         &api,
-        "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: vm, namespace: shop}\nspec: {address: vm.example.com}\n",
+        "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: vm, namespace: shop}\nspec: {address: vm.example.com}\n---\n\
+         apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: ext, namespace: shop}\n\
+         spec: {action: CUSTOM, provider: {name: ext-authz}, rules: [{to: [{operation: {ports: [\"8080\"]}}]}]}\n",
     )
     .await;
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(api.client(), "shop");
-    let deadline = Instant::now() + PATIENCE;
-    let event = loop {
-        let params = kube::api::ListParams::default().fields("involvedObject.name=vm");
-        let list = events.list(&params).await.expect("Events");
-        if let Some(event) = list.items.into_iter().next() {
-            break event;
-        }
+    for (name, kind, words) in [
+        ("vm", "WorkloadEntry", "address"),
+        ("ext", "AuthorizationPolicy", "CUSTOM"),
+    ] {
+        let deadline = Instant::now() + PATIENCE;
+        let event = loop {
+            let params =
+                kube::api::ListParams::default().fields(&format!("involvedObject.name={name}"));
+            let list = events.list(&params).await.expect("Events");
+            if let Some(event) = list.items.into_iter().next() {
+                break event;
+            }
+            assert!(Instant::now() < deadline, "no Event for the refused {kind}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(event.reason.as_deref(), Some("Refused"));
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(event.involved_object.kind.as_deref(), Some(kind));
         assert!(
-            Instant::now() < deadline,
-            "no Event for the refused WorkloadEntry"
+            event.message.as_deref().is_some_and(|m| m.contains(words)),
+            "{event:?}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(event.reason.as_deref(), Some("Refused"));
-    assert_eq!(event.type_.as_deref(), Some("Warning"));
-    assert_eq!(event.involved_object.kind.as_deref(), Some("WorkloadEntry"));
-    assert!(
-        event
-            .message
-            .as_deref()
-            .is_some_and(|m| m.contains("address")),
-        "{event:?}"
-    );
+    }
     // Once: another change does not report it again.
     apply(
         &api,
