@@ -96,7 +96,7 @@ enum Credential<'t> {
 pub struct NodeIdentities {
     identities: BTreeMap<String, BTreeSet<SpiffeId>>,
     /// `(namespace, name)` to `(uid, node)`.
-    pods: BTreeMap<(String, String), (String, String)>,
+    pods: BTreeMap<(String, String), (String, Option<String>)>,
 }
 
 // === impl NodeIdentities ===
@@ -122,30 +122,34 @@ impl NodeIdentities {
             .is_some_and(|ids| ids.contains(id))
     }
 
-    /// Records the node of each of `pods` that has one.
+    /// Records each of `pods`, with its uid and node.
     pub fn with_pods(mut self, pods: &[k8s_openapi::api::core::v1::Pod]) -> Self {
         for pod in pods {
             let meta = &pod.metadata;
             let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-            if let (Some(namespace), Some(name), Some(uid), Some(node)) = (
-                meta.namespace.clone(),
-                meta.name.clone(),
-                meta.uid.clone(),
-                node,
-            ) {
+            if let (Some(namespace), Some(name), Some(uid)) =
+                (meta.namespace.clone(), meta.name.clone(), meta.uid.clone())
+            {
                 self.pods.insert((namespace, name), (uid, node));
             }
         }
         self
     }
 
-    /// The node of Pod `namespace/name`, when it exists with uid `uid` (a Pod of the same
-    /// name created anew is another Pod) and runs on a node.
+    /// Whether Pod `namespace/name` exists with uid `uid` (a Pod of the same name created
+    /// anew is another Pod).
+    pub fn has_pod(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        self.pods
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .is_some_and(|(known, _)| known == uid)
+    }
+
+    /// The node of Pod `namespace/name`, when it exists with uid `uid` and runs on a node.
     pub fn node_of_pod(&self, namespace: &str, name: &str, uid: &str) -> Option<&str> {
         self.pods
             .get(&(namespace.to_owned(), name.to_owned()))
             .filter(|(known, _)| known == uid)
-            .map(|(_, node)| node.as_str())
+            .and_then(|(_, node)| node.as_deref())
     }
 
     /// The workloads that name a node (Pods and WorkloadEntries), with their identities in

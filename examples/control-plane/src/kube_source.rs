@@ -11,10 +11,11 @@
 //!   installed later is picked up. A 404 after a kind has been listed (an API server
 //!   restarting) changes nothing: its objects are kept until a list says otherwise.
 //! - An object the model refuses is left out alone, with a warning (and an Event on it,
-//!   [`crate::status`]), and the others are served. That holds for policies too, as istiod
-//!   leaves out for ztunnel an AuthorizationPolicy it cannot convert (`action: CUSTOM` or
-//!   `AUDIT`, which a CRD without Istio's validating webhook stores): a waypoint enforces
-//!   those, not a node proxy.
+//!   [`crate::status`]), and the others are served. A policy (AuthorizationPolicy,
+//!   PeerAuthentication) whose new version is refused stays enforced as it was last accepted,
+//!   since leaving it out could open what it closes; a new policy the model refuses is left
+//!   out, as istiod leaves out for ztunnel an AuthorizationPolicy it cannot convert
+//!   (`action: CUSTOM` or `AUDIT`, which a CRD without Istio's validating webhook stores).
 //! - An event that leaves an object as it was (a write of `resourceVersion` alone) changes
 //!   nothing.
 //! - Changes are gathered for [`KubeSourceConfig::settle`] (100 ms by default) before a
@@ -25,7 +26,7 @@
 //! The client is built by [`client`], over rustls with the crypto provider the caller
 //! chooses.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ use rustls::crypto::CryptoProvider;
 use serde_json::Value;
 use tokio::sync::{Notify, watch};
 
-use crate::manifests::{ManifestErrors, ManifestSet};
+use crate::manifests::{ManifestError, ManifestErrors, ManifestSet};
 use crate::metrics::KubeMetrics;
 use crate::status::StatusConfig;
 
@@ -382,6 +383,8 @@ struct Store {
 /// [`StatusReader::changed`] on each change of a status the control plane writes.
 pub(crate) struct Watches {
     store: Arc<Mutex<Store>>,
+    /// Each policy's last version the model accepted, by origin.
+    last_good: Mutex<BTreeMap<String, Value>>,
     changed: Arc<Notify>,
     status_changed: Arc<Notify>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -426,6 +429,7 @@ impl Watches {
             .collect();
         Self {
             store,
+            last_good: Mutex::new(BTreeMap::new()),
             changed,
             status_changed,
             tasks,
@@ -456,7 +460,7 @@ impl Watches {
     }
 
     /// The model of what is stored now. The objects it refuses are left out, each with a
-    /// warning.
+    /// warning; a policy it refuses is kept in the version it last accepted, if any.
     pub(crate) fn manifest_set(&self) -> Result<ManifestSet, ManifestErrors> {
         // Copied out under the lock and parsed after it: the watches go on meanwhile.
         let objects: Vec<(&'static str, String, Value)> = {
@@ -478,10 +482,41 @@ impl Watches {
                 .collect()
         };
         let mut set = ManifestSet::default();
-        for (_, origin, object) in objects {
-            let refused = set.add_object(&origin, object);
-            set.warnings.extend(refused);
+        let mut last_good = self.last_good.lock().unwrap_or_else(|e| e.into_inner());
+        let mut present = BTreeSet::new();
+        for (kind, origin, object) in objects {
+            let policy = matches!(kind, "AuthorizationPolicy" | "PeerAuthentication");
+            if policy {
+                present.insert(origin.clone());
+            }
+            let refused = set.add_object(&origin, object.clone());
+            if refused.is_empty() {
+                if policy {
+                    last_good.insert(origin, object);
+                }
+                continue;
+            }
+            // A policy whose new version is refused stays enforced as it was last accepted:
+            // leaving it out could open what it closes.
+            let kept = policy
+                && last_good
+                    .get(&origin)
+                    .is_some_and(|good| set.add_object(&origin, good.clone()).is_empty());
+            let refused: Vec<ManifestError> = refused
+                .into_iter()
+                .map(|mut e| {
+                    e.message.push_str(if kept {
+                        "; the last accepted version of it stays enforced"
+                    } else {
+                        "; left out"
+                    });
+                    e
+                })
+                .collect();
+            set.warnings.extend(refused.iter().cloned());
+            set.refused.extend(refused);
         }
+        last_good.retain(|origin, _| present.contains(origin));
         Ok(set)
     }
 }
@@ -490,6 +525,21 @@ impl StatusReader {
     /// Waits for the next change of a status.
     pub(crate) async fn changed(&self) {
         self.changed.notified().await;
+    }
+
+    /// Every stored `kind` object, as `(namespace, name, status)`.
+    pub(crate) fn all(&self, kind: &str) -> Vec<(String, String, Value)> {
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        store
+            .objects
+            .get(kind)
+            .into_iter()
+            .flatten()
+            .map(|((ns, name), object)| {
+                let status = object.get("status").cloned().unwrap_or(Value::Null);
+                (ns.clone(), name.clone(), status)
+            })
+            .collect()
     }
 
     /// The `status` of the `kind` object `namespace/name` (`Value::Null` when it has none);

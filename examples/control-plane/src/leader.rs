@@ -66,7 +66,10 @@ impl LeaseConfig {
     ) -> Self {
         self.lease_duration = duration.max(Duration::from_secs(1));
         self.retry_period = retry.clamp(Duration::from_millis(100), self.lease_duration / 2);
-        self.renew_deadline = renew_deadline.clamp(self.retry_period, self.lease_duration);
+        // At least one period short of the duration: a holder that cannot renew stops
+        // before another replica may take over.
+        self.renew_deadline =
+            renew_deadline.clamp(self.retry_period, self.lease_duration - self.retry_period);
         self
     }
 }
@@ -91,7 +94,20 @@ pub(crate) async fn run(
     let mut observed: Option<Observed> = None;
     let mut renewed: Option<Instant> = None;
     loop {
-        match try_acquire_or_renew(&api, &config, &mut observed).await {
+        // A round that hangs must not keep this replica leading: it is cut short by the
+        // deadline of the last renewal (or one period, when not leading).
+        let bound = match renewed.filter(|_| *leader.borrow()) {
+            Some(at) => (at + config.renew_deadline).saturating_duration_since(Instant::now()),
+            None => config.retry_period,
+        };
+        let round = tokio::time::timeout(bound, try_acquire_or_renew(&api, &config, &mut observed));
+        let result = match round.await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(
+                "the Lease round took longer than the renew deadline".into(),
+            )),
+        };
+        match result {
             Ok(true) => {
                 renewed = Some(Instant::now());
                 if !leader.send_replace(true) {

@@ -819,7 +819,7 @@ impl Applier {
                 status.gateway_api = gateway_api::status_json(&gateway_routes);
                 if let Some((config, desired)) = &self.writes {
                     let wanted = status::desired(&set, &gateway_routes, &self.translate, config)
-                        .with_problems(&set.warnings);
+                        .with_problems(&set.warnings, &set.refused);
                     desired.send_if_modified(|d| {
                         let changed = **d != wanted;
                         if changed {
@@ -855,7 +855,9 @@ impl Applier {
                     tracing::warn!(%error, "manifest rejected; still serving the last good configuration");
                 }
                 if let Some((_, desired)) = &self.writes {
-                    let wanted = (**desired.borrow()).clone().with_problems(&errors.0);
+                    let wanted = (**desired.borrow())
+                        .clone()
+                        .with_problems(&errors.0, &errors.0);
                     desired.send_replace(Arc::new(wanted));
                 }
                 self.metrics.rejected(errors.0.len());

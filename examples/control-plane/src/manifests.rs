@@ -76,8 +76,11 @@ pub struct ManifestSet {
     /// Kubernetes EndpointSlices, with their namespace set.
     pub endpoint_slices: Vec<EndpointSlice>,
     /// What was read but cannot be enforced as written (an AuthorizationPolicy's HTTP
-    /// attributes), and what was skipped; the load succeeds with these.
+    /// attributes), and what was skipped or left out; the load succeeds with these.
     pub warnings: Vec<ManifestError>,
+    /// Of the warnings, the objects from the API server that the model refuses and leaves out
+    /// (a manifest folder with one is an error instead).
+    pub refused: Vec<ManifestError>,
 }
 
 /// A `kubernetes.io/tls` Secret.

@@ -17,15 +17,17 @@
 //! ServiceAccount, or not a token at all) is `UNAUTHENTICATED`; a node proxy's token that is
 //! not bound to a Pod, or whose Pod is not (yet) known, cannot act for a node.
 //!
-//! Reviews are cached by the SHA-256 of the token: an accepted token until it expires (its
-//! `exp` claim), at most an hour; a refused one for 5 seconds, so a caller retrying with a
-//! bad token costs the API server one review per 5 s. The cache holds at most
-//! [`ServiceAccountAuth::cache_capacity`] tokens (the first to expire goes first), and at
-//! most [`ServiceAccountAuth::max_concurrent_reviews`] reviews are in flight; the others
-//! wait, bounded by the caller's deadline. A Pod-bound token stops acting for its node as
-//! soon as its Pod is gone, whatever the cache holds.
+//! A token whose own claims (read unverified) name another audience or an expiry in the past
+//! is refused without a review. Reviews are cached by the SHA-256 of the token: an accepted
+//! token until it expires (its `exp` claim), at most an hour; a refused one for 5 seconds,
+//! so a caller retrying with a bad token costs the API server one review per 5 s. The cache
+//! holds at most [`ServiceAccountAuth::cache_capacity`] tokens (the first to expire goes
+//! first); at most [`ServiceAccountAuth::max_concurrent_reviews`] reviews are in flight and
+//! 64 more calls wait for one, and further calls are `RESOURCE_EXHAUSTED`. A Pod-bound token
+//! stops being good as soon as its Pod is gone, whatever the cache holds.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -184,6 +186,8 @@ impl Caller {
 /// Checks ServiceAccount tokens with TokenReview, cached.
 pub(crate) struct Reviewer {
     auth: ServiceAccountAuth,
+    /// Calls waiting for a review slot.
+    waiting: AtomicUsize,
     cache: Mutex<HashMap<[u8; 32], Cached>>,
     reviews: Semaphore,
     nodes: watch::Receiver<Arc<NodeIdentities>>,
@@ -203,6 +207,7 @@ impl Reviewer {
     ) -> Self {
         Self {
             reviews: Semaphore::new(auth.max_concurrent_reviews.max(1)),
+            waiting: AtomicUsize::new(0),
             auth,
             cache: Mutex::new(HashMap::new()),
             nodes,
@@ -213,6 +218,19 @@ impl Reviewer {
     /// Who holds `token`, and what it may be.
     pub(crate) async fn caller(&self, token: &str) -> Result<Caller, Status> {
         let reviewed = self.review(token).await?;
+        // A token bound to a Pod is good while that Pod is: once it is gone, whatever the
+        // cache holds.
+        if let Some((pod, uid)) = &reviewed.pod
+            && !self
+                .nodes
+                .borrow()
+                .has_pod(&reviewed.account.namespace, pod, uid)
+        {
+            return Err(Status::unavailable(format!(
+                "Pod {}/{pod} (uid {uid}) is not known",
+                reviewed.account.namespace
+            )));
+        }
         if self.auth.node_accounts.contains(&reviewed.account) {
             let Some((pod, uid)) = &reviewed.pod else {
                 return Err(Status::permission_denied(format!(
@@ -228,7 +246,7 @@ impl Reviewer {
             return match node {
                 Some(node) => Ok(Caller::Node(node)),
                 None => Err(Status::unavailable(format!(
-                    "Pod {}/{pod} (uid {uid}) is not known, or runs on no node",
+                    "Pod {}/{pod} (uid {uid}) is not known, or runs on no node yet",
                     reviewed.account.namespace
                 ))),
             };
@@ -245,11 +263,24 @@ impl Reviewer {
         if let Some(result) = self.cached(&key) {
             return result.map_err(Status::unauthenticated);
         }
+        // What the token says of itself, unverified, can still refuse it without asking the
+        // API server: another audience, or expired.
+        if let Some(why) = unfit(token, &self.auth.audience) {
+            return Err(Status::unauthenticated(why));
+        }
+        // Beyond the reviews in flight, a bounded queue; more callers are turned away.
+        let waiting = Waiting::enter(&self.waiting);
+        if waiting.count > MAX_WAITING {
+            return Err(Status::resource_exhausted(
+                "too many ServiceAccount tokens are waiting for review",
+            ));
+        }
         let _permit = self
             .reviews
             .acquire()
             .await
             .map_err(|_| Status::unavailable("the control plane is stopping"))?;
+        drop(waiting);
         // Another call may have reviewed the same token meanwhile.
         if let Some(result) = self.cached(&key) {
             return result.map_err(Status::unauthenticated);
@@ -361,6 +392,50 @@ impl Reviewer {
             .zip(single("authentication.kubernetes.io/pod-uid"));
         Ok(Ok(Reviewed { account, pod }))
     }
+}
+
+/// Calls that may wait for a review slot, beyond those in flight.
+const MAX_WAITING: usize = 64;
+
+/// One call counted among those waiting, until dropped.
+struct Waiting<'a> {
+    counter: &'a AtomicUsize,
+    count: usize,
+}
+
+impl<'a> Waiting<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        let count = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        Self { counter, count }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Why a token's own claims (read without checking its signature) already rule it out: an
+/// `aud` without `audience`, an `exp` in the past. `None` when they do not (or cannot be
+/// read: the API server decides).
+fn unfit(token: &str, audience: &str) -> Option<String> {
+    use base64::Engine as _;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let audiences: Vec<&str> = match claims.get("aud") {
+        Some(serde_json::Value::String(a)) => vec![a.as_str()],
+        Some(serde_json::Value::Array(list)) => list.iter().filter_map(|a| a.as_str()).collect(),
+        _ => Vec::new(),
+    };
+    if claims.get("aud").is_some() && !audiences.contains(&audience) {
+        return Some(format!("the token is not for audience {audience:?}"));
+    }
+    let expired = expiry(token).is_some_and(|exp| exp <= SystemTime::now());
+    expired.then(|| "the token has expired".to_owned())
 }
 
 /// `system:serviceaccount:NAMESPACE:NAME`.

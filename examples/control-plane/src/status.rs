@@ -16,8 +16,12 @@
 //! is written only when what the API server holds differs from what it should be, so a
 //! status the API server already holds is never written again, and a status someone else
 //! changed is written back. Only the leader writes when [`StatusConfig::lease`] elects one
-//! ([`crate::leader`]); the others follow the objects and serve, ready to take over. A write
-//! that fails is retried a second later.
+//! ([`crate::leader`]); the others follow the objects and serve, ready to take over, and the
+//! writer checks that it still leads before each write. A write that fails is retried after
+//! a second, doubling to a minute while writes keep failing. A parent meshkit wrote on an
+//! HTTPRoute that no longer names a Gateway of meshkit's is removed, and an Ingress's address
+//! is taken back when none is known any more. Objects the model refuses or cannot enforce
+//! as written get a `Warning` Event (reason `Refused` or `NotFullyEnforced`) once per leader.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -126,13 +130,21 @@ pub(crate) struct Desired {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Refusal {
     target: Target,
+    /// The Event's reason: `Refused` (left out, or kept as last accepted) or
+    /// `NotFullyEnforced`.
+    reason: &'static str,
     message: String,
 }
 
 impl Desired {
     /// Reports `problems` (of objects from the API, named `KIND NAMESPACE/NAME` or `KIND
-    /// NAME`) as Events, in place of those reported before.
-    pub(crate) fn with_problems(mut self, problems: &[ManifestError]) -> Self {
+    /// NAME`) as Events, in place of those reported before; those also in `refused` with
+    /// the reason `Refused`, the others `NotFullyEnforced`.
+    pub(crate) fn with_problems(
+        mut self,
+        problems: &[ManifestError],
+        refused: &[ManifestError],
+    ) -> Self {
         self.refusals = problems
             .iter()
             .filter_map(|p| {
@@ -149,6 +161,11 @@ impl Desired {
                 };
                 Some(Refusal {
                     target: target(kind.kind, namespace, name),
+                    reason: if refused.contains(p) {
+                        "Refused"
+                    } else {
+                        "NotFullyEnforced"
+                    },
                     message,
                 })
             })
@@ -292,9 +309,6 @@ fn ingresses(
     addresses: &[String],
     statuses: &mut BTreeMap<Target, Value>,
 ) {
-    if addresses.is_empty() {
-        return;
-    }
     let classes = RouteTableBuilder::new()
         .controller(config.ingress_controller.clone())
         .ingress_classes(&set.ingress_classes);
@@ -513,9 +527,10 @@ fn counterpart<'c>(current: &'c [Value], item: &Value, index: usize) -> Option<&
     current.get(index)
 }
 
-/// Whether `current` already holds all of `desired`: objects by key; conditions by type and
-/// listeners by name (no more, no fewer listeners); other lists item by item; an empty list
-/// or object is held by an absent one.
+/// Whether `current` already holds all of `desired`: objects by key; conditions (items with
+/// a `type` and a `status`) by type, and others' conditions allowed; listeners by name, and
+/// route parents by reference and controller, in any order but no more and no fewer; other
+/// lists item by item; an empty list or object is held by an absent one.
 fn contains(current: &Value, desired: &Value) -> bool {
     match desired {
         Value::Object(map) => map.iter().all(|(key, value)| match current.get(key) {
@@ -528,19 +543,25 @@ fn contains(current: &Value, desired: &Value) -> bool {
                 Value::Null => &[],
                 _ => return false,
             };
-            if items.iter().all(|i| i.get("type").is_some()) && !items.is_empty() {
+            let conditions = !items.is_empty()
+                && items
+                    .iter()
+                    .all(|i| i.get("type").is_some() && i.get("status").is_some());
+            if conditions {
                 return items.iter().all(|i| {
                     current
                         .iter()
                         .any(|c| c.get("type") == i.get("type") && contains(c, i))
                 });
             }
-            if items.iter().all(|i| i.get("name").is_some()) && !items.is_empty() {
+            let keyed = !items.is_empty()
+                && items
+                    .iter()
+                    .all(|i| i.get("name").is_some() || i.get("parentRef").is_some());
+            if keyed {
                 return current.len() == items.len()
-                    && items.iter().all(|i| {
-                        current
-                            .iter()
-                            .any(|c| c.get("name") == i.get("name") && contains(c, i))
+                    && items.iter().enumerate().all(|(index, i)| {
+                        counterpart(current, i, index).is_some_and(|c| contains(c, i))
                     });
             }
             current.len() == items.len() && current.iter().zip(items).all(|(c, i)| contains(c, i))
@@ -558,25 +579,46 @@ fn is_empty(value: &Value) -> bool {
     }
 }
 
-/// The full status to apply to `target` over `current`: `desired` stamped, and for an
-/// HTTPRoute the parents other controllers wrote, first and as they are.
+/// The full status to apply to `target` over `current`: `desired` stamped; for an HTTPRoute,
+/// the parents other controllers wrote kept as they are and where they are, each of ours in
+/// the place it had, new ones after, and ours that are no longer wanted left out.
 fn merged(target: &Target, desired: &Value, current: &Value, controller: &str, now: &str) -> Value {
     let mut status = desired.clone();
     stamp(&mut status, Some(current), now);
     if target.kind == "HTTPRoute" {
-        let mut parents: Vec<Value> = current
+        let mut ours: Vec<Option<Value>> = status
             .get("parents")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-            .filter(|p| p.get("controllerName").and_then(Value::as_str) != Some(controller))
             .cloned()
+            .map(Some)
             .collect();
-        // The API server keeps at most 32 parents.
-        let room = 32usize.saturating_sub(parents.len());
-        if let Some(ours) = status.get("parents").and_then(Value::as_array) {
-            parents.extend(ours.iter().take(room).cloned());
+        let mut parents = Vec::new();
+        for parent in current
+            .get("parents")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if parent.get("controllerName").and_then(Value::as_str) != Some(controller) {
+                parents.push(parent.clone());
+                continue;
+            }
+            let mine = ours.iter_mut().find(|o| {
+                o.as_ref()
+                    .is_some_and(|o| match (o.get("parentRef"), parent.get("parentRef")) {
+                        (Some(want), Some(have)) => contains(have, want),
+                        _ => false,
+                    })
+            });
+            if let Some(slot) = mine.and_then(Option::take) {
+                parents.push(slot);
+            }
         }
+        parents.extend(ours.into_iter().flatten());
+        // The API server keeps at most 32 parents.
+        parents.truncate(32);
         status["parents"] = Value::Array(parents);
     }
     status
@@ -604,6 +646,8 @@ impl Writer {
         mut stop: watch::Receiver<bool>,
     ) {
         let mut retry: Option<tokio::time::Instant> = None;
+        // Doubles from 1 s to a minute while writes keep failing.
+        let mut backoff = Duration::from_secs(1);
         self.metrics.set_leading(*leader.borrow());
         loop {
             let retry_at =
@@ -629,21 +673,27 @@ impl Writer {
                 continue;
             }
             let want = Arc::clone(&desired.borrow_and_update());
-            retry = if self.reconcile(&want).await {
+            retry = if self.reconcile(&want, &leader).await {
+                backoff = Duration::from_secs(1);
                 None
             } else {
-                Some(tokio::time::Instant::now() + Duration::from_secs(1))
+                let at = tokio::time::Instant::now() + backoff;
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+                Some(at)
             };
         }
     }
 
     /// Writes every status that differs from `desired`, and an Event for each refusal not
     /// reported yet; false when a write failed.
-    async fn reconcile(&mut self, desired: &Desired) -> bool {
-        let statuses = self.write_statuses(desired).await;
+    async fn reconcile(&mut self, desired: &Desired, leader: &watch::Receiver<bool>) -> bool {
+        let statuses = self.write_statuses(desired, leader).await;
         self.reported.retain(|r| desired.refusals.contains(r));
         let mut events = true;
         for refusal in desired.refusals.difference(&self.reported.clone()) {
+            if !*leader.borrow() {
+                break;
+            }
             match self.event(refusal).await {
                 Ok(()) => {
                     self.reported.insert(refusal.clone());
@@ -692,7 +742,7 @@ impl Writer {
                 namespace: (!t.namespace.is_empty()).then(|| t.namespace.clone()),
                 ..ObjectReference::default()
             },
-            reason: Some("Refused".to_owned()),
+            reason: Some(refusal.reason.to_owned()),
             message: Some(message),
             type_: Some("Warning".to_owned()),
             action: Some("Apply".to_owned()),
@@ -715,11 +765,39 @@ impl Writer {
             .map(|_| ())
     }
 
-    /// Writes every status that differs from `desired`; false when a write failed.
-    async fn write_statuses(&self, desired: &Desired) -> bool {
+    /// Writes every status that differs from `desired`, while this replica leads; false when
+    /// a write failed. An HTTPRoute that no longer names a Gateway of meshkit's loses the
+    /// parents meshkit wrote.
+    async fn write_statuses(&self, desired: &Desired, leader: &watch::Receiver<bool>) -> bool {
         let now = now_rfc3339();
         let mut ok = true;
-        for (target, want) in &desired.statuses {
+        let none = json!({ "parents": [] });
+        let stale: Vec<Target> = self
+            .statuses
+            .all("HTTPRoute")
+            .into_iter()
+            .filter(|(_, _, status)| {
+                status
+                    .get("parents")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .any(|p| {
+                        p.get("controllerName").and_then(Value::as_str)
+                            == Some(desired.controller.as_str())
+                    })
+            })
+            .map(|(ns, name, _)| target("HTTPRoute", &ns, &name))
+            .filter(|t| !desired.statuses.contains_key(t))
+            .collect();
+        let wanted = desired
+            .statuses
+            .iter()
+            .chain(stale.iter().map(|t| (t, &none)));
+        for (target, want) in wanted {
+            if !*leader.borrow() {
+                return true;
+            }
             let Some(current) = self
                 .statuses
                 .status(target.kind, &target.namespace, &target.name)
@@ -841,6 +919,31 @@ mod tests {
             &listeners,
             &json!({ "listeners": [{ "name": "b" }, { "name": "a" }] })
         ));
+    }
+
+    #[test]
+    fn lists_that_shrink_and_parents_in_another_order() {
+        // An address gone is a difference.
+        let current = json!({ "addresses": [
+            { "type": "IPAddress", "value": "192.0.2.1" },
+            { "type": "IPAddress", "value": "192.0.2.2" },
+        ]});
+        let desired = json!({ "addresses": [{ "type": "IPAddress", "value": "192.0.2.1" }] });
+        assert!(!contains(&current, &desired));
+        // Parents compare by reference and controller, wherever they are; ours keep their
+        // place.
+        let theirs =
+            json!({ "parentRef": { "name": "t" }, "controllerName": "other", "conditions": [] });
+        let ours = json!({ "parentRef": { "name": "g" }, "controllerName": "c", "conditions": [] });
+        let current = json!({ "parents": [ours.clone(), theirs.clone()] });
+        let desired = json!({ "parents": [ours.clone()] });
+        let route = target("HTTPRoute", "ns", "r");
+        let status = merged(&route, &desired, &current, "c", "now");
+        assert_eq!(status, current);
+        assert!(contains(&current, &status));
+        // Ours no longer wanted: left out, theirs kept.
+        let status = merged(&route, &json!({ "parents": [] }), &current, "c", "now");
+        assert_eq!(status, json!({ "parents": [theirs] }));
     }
 
     #[test]

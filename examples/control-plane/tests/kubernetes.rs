@@ -743,6 +743,50 @@ async fn a_policy_the_model_refuses_is_left_out_alone() {
     .await;
     assert!(cp.status().borrow().errors.is_empty());
 
+    // A policy the model accepted, then edited into one it refuses, stays enforced as it was
+    // accepted: leaving it out would open what it closes.
+    let authz = meshkit_mesh::resources::AUTHORIZATION_TYPE_URL;
+    apply(
+        &api,
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: guard, \
+         namespace: shop}\nspec:\n  action: DENY\n  rules: [{to: [{operation: {ports: [\"9090\"]}}]}]\n",
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let accepted = loop {
+        if let Some(r) = cp.cache().current().get(authz, "shop/guard") {
+            break r.version.clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "guard not served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    apply(
+        &api,
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: guard, \
+         namespace: shop}\nspec:\n  action: DENY\n  rules: [{to: [{operation: {ports: [\"not-a-port\"]}}]}]\n",
+    )
+    .await;
+    tokio::time::timeout(
+        PATIENCE,
+        status.wait_for(|s| {
+            s.warnings.iter().any(|e| {
+                let e = e.to_string();
+                e.contains("AuthorizationPolicy shop/guard") && e.contains("stays enforced")
+            })
+        }),
+    )
+    .await
+    .expect("the refused edit is published")
+    .expect("status");
+    assert_eq!(
+        cp.cache()
+            .current()
+            .get(authz, "shop/guard")
+            .map(|r| r.version.clone()),
+        Some(accepted),
+        "the accepted version stays served"
+    );
+
     // Another kind the model refuses (a WorkloadEntry by host name: meshkit's node proxies
     // need an address) is left out with a warning, and does not hold the rest back.
     apply(

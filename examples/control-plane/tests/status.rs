@@ -438,6 +438,37 @@ async fn status_of_meshkits_objects_is_written_once_and_kept_right() {
             "{event:?}"
         );
     }
+    // r1 leaves meshkit's Gateway: the parent meshkit wrote goes, the other controller's
+    // stays.
+    apply(
+        &api,
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r1, namespace: shop}\nspec:\n  parentRefs: [{name: theirs}]\n  hostnames: [a.example.com]\n  rules: [{backendRefs: [{name: echo, port: 80}]}]\n",
+    )
+    .await;
+    let r1 = until(&api, R1, "meshkit's parent removed from r1", |r| {
+        r["status"]["parents"]
+            .as_array()
+            .is_some_and(|p| p.len() == 1)
+    })
+    .await;
+    assert_eq!(
+        r1["status"]["parents"][0]["controllerName"],
+        "example.com/gateway"
+    );
+    // The gateway's Service loses its address: the Ingress's is taken back.
+    api_patch_status(
+        &api,
+        ("v1", "Service", "shop", "gateway"),
+        json!({ "status": { "loadBalancer": { "ingress": null } } }),
+    )
+    .await;
+    until(&api, WEB, "the Ingress's address taken back", |i| {
+        i["status"]["loadBalancer"]["ingress"]
+            .as_array()
+            .is_none_or(|a| a.is_empty())
+    })
+    .await;
+
     // Once: another change does not report it again.
     apply(
         &api,

@@ -118,7 +118,8 @@ struct Args {
     /// The Lease's namespace; default: the kubeconfig's namespace (in a Pod, its own).
     #[arg(long)]
     lease_namespace: Option<String>,
-    /// The Lease's name.
+    /// The Lease's name (deploy/rbac.yaml lets the control plane write only
+    /// istio-system/meshkit-control-plane: change its Role with this).
     #[arg(long, default_value = "meshkit-control-plane")]
     lease_name: String,
     /// This replica's name in the Lease; default: the `POD_NAME` variable, else the host
