@@ -57,6 +57,8 @@ pub struct Binaries {
     pub kube_apiserver: PathBuf,
     /// CRD files, and folders of them, to install.
     pub crds: Vec<PathBuf>,
+    /// istiod (`pilot-discovery`), when it was built ([`crate::istiod`]).
+    pub pilot_discovery: Option<PathBuf>,
 }
 
 impl Binaries {
@@ -87,10 +89,12 @@ impl Binaries {
             .filter(|l| !l.trim().is_empty())
             .map(PathBuf::from)
             .collect();
+        let pilot_discovery = Some(dir.join("bin/pilot-discovery")).filter(|p| p.is_file());
         Ok(Self {
             etcd,
             kube_apiserver,
             crds,
+            pilot_discovery,
         })
     }
 }
@@ -501,7 +505,7 @@ impl Drop for ApiServer {
 }
 
 /// A folder for one API server under the system's temporary folder.
-fn scratch_dir() -> PathBuf {
+pub(crate) fn scratch_dir() -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -677,7 +681,7 @@ fn read_crds(source: &Path) -> Vec<CustomResourceDefinition> {
     crds
 }
 
-fn spawn(command: &mut Command, log: &Path) -> KillOnDrop {
+pub(crate) fn spawn(command: &mut Command, log: &Path) -> KillOnDrop {
     let file = std::fs::File::create(log).expect("create a log file");
     let child = command
         .stdin(Stdio::null())
@@ -689,7 +693,7 @@ fn spawn(command: &mut Command, log: &Path) -> KillOnDrop {
 }
 
 /// The last 40 lines of a log file.
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")

@@ -1,6 +1,7 @@
 //! Helpers shared by meshkit's integration tests that run processes on loopback: a free
 //! port, waiting for a port to open, a child process killed on drop, the Envoy binary, a
-//! Kubernetes API server ([`apiserver`]), and a TCP relay to cut ([`relay`]).
+//! Kubernetes API server ([`apiserver`]), istiod ([`istiod`]), and a TCP relay to cut
+//! ([`relay`]).
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -8,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod apiserver;
+pub mod istiod;
 pub mod openmetrics;
 pub mod relay;
 

@@ -80,7 +80,14 @@ pub fn derive(set: &ManifestSet, options: &TranslateOptions) -> Derived {
         }
     }
     for se in &set.service_entries {
-        if let Some(service) = service_entry_service(se, &network) {
+        if let Some(mut service) = service_entry_service(se, &network) {
+            // One service of a host name is canonical, as istiod marks it: a Kubernetes
+            // Service's, else the first ServiceEntry's (the entries are in namespace and name
+            // order).
+            service.canonical = !derived
+                .services
+                .iter()
+                .any(|s| s.hostname == service.hostname);
             derived.services.push(service);
         }
     }
@@ -317,7 +324,7 @@ pub fn pod_workload(
         network: network.to_owned(),
         tunnel_protocol: tunnel_protocol as i32,
         native_tunnel,
-        trust_domain: options.trust_domain.clone(),
+        trust_domain: wire_trust_domain(&options.trust_domain),
         service_account: spec
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_default(),
@@ -689,7 +696,7 @@ fn endpoint_slice_workloads(
             namespace: namespace.clone(),
             addresses,
             network: network.to_owned(),
-            trust_domain: options.trust_domain.clone(),
+            trust_domain: wire_trust_domain(&options.trust_domain),
             services: BTreeMap::from([(
                 key(&namespace, &hostname),
                 workload::PortList {
@@ -768,7 +775,9 @@ fn workload_entry_workload(
                 .map(|p| workload::Port {
                     service_port: u32::from(p.number),
                     target_port: u32::from(target_port(p, &we.ports)),
-                    app_protocol: app_protocol(&p.protocol) as i32,
+                    // istiod leaves a workload's ports without their protocol: the
+                    // service's ports carry it.
+                    app_protocol: 0,
                 })
                 .collect();
             Some((key(&se.namespace, hostname), workload::PortList { ports }))
@@ -823,7 +832,7 @@ fn workload_entry_workload(
             we.network.clone()
         },
         tunnel_protocol: workload::TunnelProtocol::Hbone as i32,
-        trust_domain: options.trust_domain.clone(),
+        trust_domain: wire_trust_domain(&options.trust_domain),
         service_account: we.service_account.clone(),
         node: we.node.clone().unwrap_or_default(),
         canonical_name: we
@@ -837,6 +846,8 @@ fn workload_entry_workload(
             .cloned()
             .unwrap_or_else(|| "latest".to_owned()),
         workload_name: we.name.clone(),
+        // As istiod has it: an entry stands in for a Pod.
+        workload_type: workload::WorkloadType::Pod as i32,
         services,
         status: workload::WorkloadStatus::Healthy as i32,
         cluster_id: options.cluster_id.clone(),
@@ -857,6 +868,16 @@ pub(crate) fn target_port(port: &ServicePort, overrides: &BTreeMap<String, u16>)
         .copied()
         .or(port.target_port)
         .unwrap_or(port.number)
+}
+
+/// The trust domain as a workload carries it: empty for the default `cluster.local`, as istiod
+/// sends it (clients read an empty one as the default).
+fn wire_trust_domain(trust_domain: &str) -> String {
+    if trust_domain == "cluster.local" {
+        String::new()
+    } else {
+        trust_domain.to_owned()
+    }
 }
 
 #[cfg(test)]

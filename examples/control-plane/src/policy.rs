@@ -36,10 +36,16 @@
 //! inherits):
 //!
 //! - STRICT: the workload names the static policy `ROOT/istio_converted_static_strict`, a DENY
-//!   whose one match is "no principal present".
+//!   whose one match is "no principal present". It is served whenever any PeerAuthentication
+//!   exists, named or not, as istiod serves it.
 //! - With `portLevelMtls`, the workload instead names one converted DENY policy of its
-//!   PeerAuthentication, `NAMESPACE/istio_converted_peer_authentication_NAME`, that denies
-//!   connections without a principal on exactly the ports whose effective mode is STRICT.
+//!   PeerAuthentication, `NAMESPACE/converted_peer_authentication_NAME`, that denies
+//!   connections without a principal on exactly the ports whose effective mode is STRICT, in
+//!   istiod's shape: when STRICT is the rule, one rule of "no principal" and "not port P" for
+//!   each exempt port (the first clause first when the policy itself says STRICT, last when
+//!   its namespace or the mesh does); when STRICT is the exception, one rule per STRICT port.
+//! - A workload names its AuthorizationPolicies (sorted), then its PeerAuthentication's
+//!   policy, in istiod's order.
 
 use std::collections::BTreeMap;
 
@@ -57,7 +63,7 @@ use crate::manifests::{RawMeta, check_name, deserialize, namespace};
 pub const STATIC_STRICT_POLICY: &str = "istio_converted_static_strict";
 
 /// Prefix of the name of the DENY policy a PeerAuthentication with port-level modes becomes.
-pub const CONVERTED_PEER_AUTHENTICATION_PREFIX: &str = "istio_converted_peer_authentication_";
+pub const CONVERTED_PEER_AUTHENTICATION_PREFIX: &str = "converted_peer_authentication_";
 
 /// The annotation that makes an AuthorizationPolicy a dry run.
 pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
@@ -658,7 +664,6 @@ pub fn translate(
         });
     }
 
-    let mut static_strict_used = false;
     let mut converted = BTreeMap::new();
     for w in workloads.iter().filter(|w| w.selectable) {
         let mut keys: Vec<String> = authorization
@@ -667,10 +672,11 @@ pub fn translate(
             .filter(|p| p.selector.as_ref().is_some_and(|s| w.has_labels(s)))
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
+        keys.sort();
+        keys.dedup();
         match peer_policy_for(peer, w, root) {
             PeerPolicy::None => {}
             PeerPolicy::StaticStrict => {
-                static_strict_used = true;
                 keys.push(format!("{root}/{STATIC_STRICT_POLICY}"));
             }
             PeerPolicy::Ports(pa, strict_ports, all_but) => {
@@ -679,13 +685,11 @@ pub fn translate(
                 converted.insert(policy.key(), policy);
             }
         }
-        keys.sort();
-        keys.dedup();
         if !keys.is_empty() {
             out.workload_policies.insert(w.workload.uid.clone(), keys);
         }
     }
-    if static_strict_used {
+    if !peer.is_empty() {
         out.policies.push(static_strict(root));
     }
     out.policies.extend(converted.into_values());
@@ -797,18 +801,42 @@ fn peer_policy_for<'a>(
 }
 
 fn converted_peer_policy(pa: &PeerAuthentication, ports: &[u16], all_but: bool) -> Policy {
-    let mut m = no_principal();
-    if all_but {
-        m.not_destination_ports = ports.to_vec();
+    let rules = if all_but {
+        let mut clauses: Vec<Clause> = ports
+            .iter()
+            .map(|port| Clause {
+                matches: vec![Match {
+                    not_destination_ports: vec![*port],
+                    ..Match::default()
+                }],
+            })
+            .collect();
+        let strict = Clause {
+            matches: vec![no_principal()],
+        };
+        if pa.mode == MtlsMode::Strict {
+            clauses.insert(0, strict);
+        } else {
+            clauses.push(strict);
+        }
+        vec![Rule { clauses }]
     } else {
-        m.destination_ports = ports.to_vec();
-    }
+        ports
+            .iter()
+            .map(|port| {
+                Rule::of([Match {
+                    destination_ports: vec![*port],
+                    ..no_principal()
+                }])
+            })
+            .collect()
+    };
     Policy {
         name: format!("{CONVERTED_PEER_AUTHENTICATION_PREFIX}{}", pa.name),
         namespace: pa.namespace.clone(),
         scope: Scope::WorkloadSelector,
         action: Action::Deny,
-        rules: vec![Rule::of([m])],
+        rules,
         dry_run: false,
     }
 }

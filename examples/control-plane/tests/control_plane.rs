@@ -193,7 +193,8 @@ fn bundled_manifests_load_and_translate() {
     };
     assert_eq!(w.addresses, vec![vec![127, 0, 0, 11]]);
     assert_eq!(w.service_account, "web");
-    assert_eq!(w.trust_domain, "cluster.local");
+    // The default trust domain goes empty, as istiod sends it.
+    assert_eq!(w.trust_domain, "");
     assert_eq!(w.node, "node-a");
     let ports = &w.services["shop/web.shop.svc.cluster.local"].ports;
     assert_eq!((ports[0].service_port, ports[0].target_port), (80, 8080));

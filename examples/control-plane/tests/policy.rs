@@ -243,11 +243,12 @@ fn scopes_selectors_and_warnings_follow_the_manifests() {
     assert!(warning.message.contains("the rule is dropped"), "{warning}");
     // The workloads name what selects them: web its ALLOW and STRICT, db nothing.
     let workload = |ip: &str| mesh.workload(ip.parse().unwrap()).unwrap().0.clone();
+    // Its AuthorizationPolicies first, then the PeerAuthentication's, in istiod's order.
     assert_eq!(
         workload("10.0.0.11").authorization_policies,
         [
+            "shop/allow-web".to_owned(),
             format!("istio-system/{STATIC_STRICT_POLICY}"),
-            "shop/allow-web".to_owned()
         ]
     );
     assert!(workload("10.0.0.13").authorization_policies.is_empty());
@@ -379,7 +380,7 @@ spec:
 "#,
     );
     let mesh = served_mesh(&set);
-    let converted = "shop/istio_converted_peer_authentication_web-health";
+    let converted = "shop/converted_peer_authentication_web-health";
     let (plain_app, _) = decide(&mesh, None, "10.0.0.1:40000", "10.0.0.11:8080");
     assert_eq!(plain_app, Expect::Denied(converted).text());
     let (plain_health, _) = decide(&mesh, None, "10.0.0.1:40000", "10.0.0.11:15021");

@@ -117,3 +117,143 @@ pub(crate) async fn control_plane_client(api: &ApiServer) -> kube::Client {
         .await;
     api.client_with_token(&token)
 }
+
+/// The objects of the derivation cases (docs/control-plane.md, "Workloads and services from
+/// Kubernetes").
+pub(crate) const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: istio-system, labels: {topology.istio.io/network: net-1}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {topology.kubernetes.io/region: eu-west, topology.kubernetes.io/zone: eu-west-1a}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: http-web}
+  - {name: tcp-admin, port: 9000, targetPort: 9000}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: elsewhere, namespace: shop}
+spec: {type: ExternalName, externalName: example.com}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: legacy, namespace: shop}
+spec:
+  clusterIP: 10.96.0.11
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: legacy-manual
+  namespace: shop
+  labels: {kubernetes.io/service-name: legacy}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.2.0.9]
+- addresses: [10.1.0.1]
+  targetRef: {kind: Pod, namespace: shop, name: web-0}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-0
+  namespace: shop
+  labels: {app: web, version: v1}
+  annotations: {ambient.istio.io/redirection: enabled}
+spec:
+  nodeName: node-a
+  serviceAccountName: web
+  containers:
+  - name: app
+    image: example.invalid/web
+    ports: [{name: http-web, containerPort: 8080}]
+status:
+  phase: Running
+  podIP: 10.1.0.1
+  podIPs: [{ip: 10.1.0.1}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-1
+  namespace: shop
+  labels: {app: web}
+spec:
+  nodeName: node-a
+  serviceAccountName: web
+  containers: [{name: app, image: example.invalid/web}]
+status:
+  phase: Running
+  podIP: 10.1.0.2
+  podIPs: [{ip: 10.1.0.2}]
+  conditions: [{type: Ready, status: "False"}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: starting, namespace: shop, labels: {app: web}}
+spec:
+  nodeName: node-a
+  containers: [{name: app, image: example.invalid/web}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: done, namespace: shop, labels: {app: web}}
+spec:
+  nodeName: node-a
+  restartPolicy: Never
+  containers: [{name: app, image: example.invalid/job}]
+status:
+  phase: Succeeded
+  podIP: 10.1.0.3
+  podIPs: [{ip: 10.1.0.3}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: host-agent, namespace: shop}
+spec:
+  nodeName: node-a
+  hostNetwork: true
+  containers: [{name: agent, image: example.invalid/agent}]
+status:
+  phase: Running
+  podIP: 10.0.0.5
+  podIPs: [{ip: 10.0.0.5}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: api-7d4b9c-x2x7k
+  generateName: api-7d4b9c-
+  namespace: shop
+  labels: {app.kubernetes.io/name: api-server, pod-template-hash: 7d4b9c}
+  ownerReferences:
+  - {apiVersion: apps/v1, kind: ReplicaSet, name: api-7d4b9c, uid: 6a0e1f4c-0000-4000-8000-000000000001, controller: true}
+spec:
+  nodeName: node-a
+  serviceAccountName: api
+  containers: [{name: app, image: example.invalid/api}]
+status:
+  phase: Running
+  podIP: 10.1.0.4
+  podIPs: [{ip: 10.1.0.4}]
+  conditions: [{type: Ready, status: "True"}]
+"#;
