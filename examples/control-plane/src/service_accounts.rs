@@ -420,12 +420,7 @@ impl Drop for Waiting<'_> {
 /// `aud` without `audience`, an `exp` in the past. `None` when they do not (or cannot be
 /// read: the API server decides).
 fn unfit(token: &str, audience: &str) -> Option<String> {
-    use base64::Engine as _;
-    let payload = token.split('.').nth(1)?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(payload.trim_end_matches('='))
-        .ok()?;
-    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let claims = claims(token)?;
     let audiences: Vec<&str> = match claims.get("aud") {
         Some(serde_json::Value::String(a)) => vec![a.as_str()],
         Some(serde_json::Value::Array(list)) => list.iter().filter_map(|a| a.as_str()).collect(),
@@ -434,7 +429,7 @@ fn unfit(token: &str, audience: &str) -> Option<String> {
     if claims.get("aud").is_some() && !audiences.contains(&audience) {
         return Some(format!("the token is not for audience {audience:?}"));
     }
-    let expired = expiry(token).is_some_and(|exp| exp <= SystemTime::now());
+    let expired = expiry_of(&claims).is_some_and(|exp| exp <= SystemTime::now());
     expired.then(|| "the token has expired".to_owned())
 }
 
@@ -448,16 +443,25 @@ fn service_account_of(username: &str) -> Option<ServiceAccountRef> {
     })
 }
 
-/// The `exp` claim of a JWT, read without checking the signature (the API server did).
-fn expiry(token: &str) -> Option<SystemTime> {
+/// The claims of a JWT, read without checking the signature (the API server checks it).
+fn claims(token: &str) -> Option<serde_json::Value> {
     use base64::Engine as _;
     let payload = token.split('.').nth(1)?;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(payload.trim_end_matches('='))
         .ok()?;
-    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The `exp` claim of a JWT's `claims`.
+fn expiry_of(claims: &serde_json::Value) -> Option<SystemTime> {
     let exp = claims.get("exp")?.as_u64()?;
     UNIX_EPOCH.checked_add(Duration::from_secs(exp))
+}
+
+/// The `exp` claim of a JWT, read without checking the signature (the API server did).
+fn expiry(token: &str) -> Option<SystemTime> {
+    expiry_of(&claims(token)?)
 }
 
 /// Whether `token` looks like a JWT (three dot-separated base64url parts), and so may be a
