@@ -8,9 +8,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::config::core::v3::Node as XdsNode;
-use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use meshkit_control_plane::ca::TokenGrants;
@@ -19,11 +16,8 @@ use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
 use meshkit_mesh::proto::workload::{self, address};
 use meshkit_mesh::resources::ADDRESS_TYPE_URL;
 use meshkit_test_support::apiserver::ApiServer;
-use meshkit_xds_client::CallCredentials;
 use prost::Message;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 mod support;
 use support::{CLUSTER, apply};
@@ -52,33 +46,9 @@ async fn start_control_plane(config: ControlPlaneConfig) -> ControlPlane {
 
 /// The Address resources node-a's node proxy receives on a new Delta stream, by name.
 async fn addresses(cp: &ControlPlane) -> BTreeMap<String, address::Type> {
-    let channel = tonic::transport::Endpoint::from_shared(cp.ads_uri())
-        .expect("ADS URI")
-        .connect_lazy();
-    let credentials = CallCredentials::bearer_token(NODE_TOKEN).expect("token");
-    let mut client = AggregatedDiscoveryServiceClient::with_interceptor(channel, credentials);
-    let (tx, rx) = mpsc::channel(1);
-    tx.send(DeltaDiscoveryRequest {
-        node: Some(XdsNode {
-            id: "node-a".into(),
-            ..Default::default()
-        }),
-        type_url: ADDRESS_TYPE_URL.to_owned(),
-        resource_names_subscribe: vec!["*".into()],
-        ..Default::default()
-    })
-    .await
-    .expect("queue");
-    let mut stream = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
+    let response = support::first_address_answer(&cp.ads_uri(), NODE_TOKEN, "node-a")
         .await
-        .expect("a Delta stream")
-        .into_inner();
-    let response = tokio::time::timeout(PATIENCE, stream.message())
-        .await
-        .expect("an answer")
-        .expect("no error")
-        .expect("a response");
+        .expect("no error");
     response
         .resources
         .into_iter()

@@ -7,9 +7,6 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::config::core::v3::Node as XdsNode;
-use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use meshkit_control_plane::kube_source::KubeSourceConfig;
@@ -17,11 +14,7 @@ use meshkit_control_plane::service_accounts::{ServiceAccountAuth, ServiceAccount
 use meshkit_control_plane::{ControlPlane, ControlPlaneConfig};
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{CaError, SpiffeId, request_svid};
-use meshkit_mesh::resources::ADDRESS_TYPE_URL;
 use meshkit_test_support::apiserver::ApiServer;
-use meshkit_xds_client::CallCredentials;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 mod support;
 use support::apply;
@@ -112,31 +105,7 @@ async fn addresses(
     token: &str,
     node: &str,
 ) -> Result<BTreeSet<String>, tonic::Status> {
-    let channel = tonic::transport::Endpoint::from_shared(cp.ads_uri())
-        .expect("ADS URI")
-        .connect_lazy();
-    let credentials = CallCredentials::bearer_token(token).expect("token");
-    let mut client = AggregatedDiscoveryServiceClient::with_interceptor(channel, credentials);
-    let (tx, rx) = mpsc::channel(1);
-    tx.send(DeltaDiscoveryRequest {
-        node: Some(XdsNode {
-            id: node.to_owned(),
-            ..Default::default()
-        }),
-        type_url: ADDRESS_TYPE_URL.to_owned(),
-        resource_names_subscribe: vec!["*".into()],
-        ..Default::default()
-    })
-    .await
-    .expect("queue");
-    let mut stream = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    let response = tokio::time::timeout(Duration::from_secs(20), stream.message())
-        .await
-        .expect("an answer")?
-        .expect("a response");
+    let response = support::first_address_answer(&cp.ads_uri(), token, node).await?;
     Ok(response.resources.into_iter().map(|r| r.name).collect())
 }
 

@@ -257,3 +257,41 @@ status:
   podIPs: [{ip: 10.1.0.4}]
   conditions: [{type: Ready, status: "True"}]
 "#;
+
+/// The first Address answer of a new Delta stream to the plaintext ADS server at `ads_uri`,
+/// as node `node` presenting `token`: a wildcard subscription, as a node proxy's; or the
+/// status the stream ends with.
+pub(crate) async fn first_address_answer(
+    ads_uri: &str,
+    token: &str,
+    node: &str,
+) -> Result<envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse, tonic::Status> {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    let channel = tonic::transport::Endpoint::from_shared(ads_uri.to_owned())
+        .expect("ADS URI")
+        .connect_lazy();
+    let credentials = meshkit_xds_client::CallCredentials::bearer_token(token).expect("token");
+    let mut client = AggregatedDiscoveryServiceClient::with_interceptor(channel, credentials);
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(DeltaDiscoveryRequest {
+        node: Some(Node {
+            id: node.to_owned(),
+            ..Default::default()
+        }),
+        type_url: meshkit_mesh::resources::ADDRESS_TYPE_URL.to_owned(),
+        resource_names_subscribe: vec!["*".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("queue");
+    let mut stream = client
+        .delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(20), stream.message())
+        .await
+        .expect("an answer")?;
+    Ok(response.expect("a response"))
+}
