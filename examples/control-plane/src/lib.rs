@@ -854,12 +854,6 @@ impl Applier {
                 for error in &errors.0 {
                     tracing::warn!(%error, "manifest rejected; still serving the last good configuration");
                 }
-                if let Some((_, desired)) = &self.writes {
-                    let wanted = (**desired.borrow())
-                        .clone()
-                        .with_problems(&errors.0, &errors.0);
-                    desired.send_replace(Arc::new(wanted));
-                }
                 self.metrics.rejected(errors.0.len());
                 status.errors = errors.0;
             }
