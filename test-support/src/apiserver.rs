@@ -335,6 +335,79 @@ impl ApiServer {
         }
     }
 
+    /// Creates or updates every object of `yaml` (documents of any kind the API server
+    /// serves) by server-side apply, then sets the `status` a document carries, as a kubelet
+    /// or controller would (field manager `other-controller`).
+    ///
+    /// # Panics
+    ///
+    /// When a document is refused.
+    pub async fn apply(&self, yaml: &str) {
+        let documents: Vec<Value> = serde_saphyr::from_multiple(yaml).expect("test YAML");
+        let documents: Vec<Value> = documents.into_iter().filter(|d| !d.is_null()).collect();
+        if let Err(e) = self.apply_documents(&documents, false).await {
+            panic!("applying: {e}");
+        }
+    }
+
+    /// Applies `documents` as [`ApiServer::apply`] does, or as a dry run (nothing stored,
+    /// everything validated and admitted, no status set) when `dry_run`. Returns how many,
+    /// or the error of the first refused.
+    ///
+    /// # Errors
+    ///
+    /// A kind the API server does not serve, or a document it refuses.
+    pub async fn apply_documents(
+        &self,
+        documents: &[Value],
+        dry_run: bool,
+    ) -> Result<usize, String> {
+        use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
+        use kube::discovery::{Discovery, Scope};
+        let discovery = Discovery::new(self.client())
+            .run()
+            .await
+            .map_err(|e| format!("discovery: {e}"))?;
+        for document in documents {
+            let api_version = document["apiVersion"].as_str().unwrap_or_default();
+            let kind = document["kind"].as_str().unwrap_or_default();
+            let name = document["metadata"]["name"].as_str().unwrap_or_default();
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            let (resource, capabilities) = discovery
+                .resolve_gvk(&GroupVersionKind::gvk(group, version, kind))
+                .ok_or_else(|| format!("{api_version} {kind} is not served"))?;
+            let objects: Api<DynamicObject> = if capabilities.scope == Scope::Namespaced {
+                let ns = document["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("default");
+                Api::namespaced_with(self.client(), ns, &resource)
+            } else {
+                Api::all_with(self.client(), &resource)
+            };
+            let mut params = PatchParams::apply("meshkit-test").force();
+            params.dry_run = dry_run;
+            objects
+                .patch(name, &params, &Patch::Apply(document))
+                .await
+                .map_err(|e| format!("{kind} {name}: {e}"))?;
+            if let Some(status) = document.get("status").filter(|_| !dry_run) {
+                let params = PatchParams {
+                    field_manager: Some("other-controller".into()),
+                    ..PatchParams::default()
+                };
+                objects
+                    .patch_status(
+                        name,
+                        &params,
+                        &Patch::Merge(serde_json::json!({ "status": status })),
+                    )
+                    .await
+                    .map_err(|e| format!("the status of {kind} {name}: {e}"))?;
+            }
+        }
+        Ok(documents.len())
+    }
+
     /// Mints a token for the ServiceAccount `namespace/name` with TokenRequest, for
     /// `audiences`, valid for an hour, bound to `pod` (a Pod of that namespace) when given.
     ///
@@ -693,7 +766,7 @@ pub(crate) fn spawn(command: &mut Command, log: &Path) -> KillOnDrop {
 }
 
 /// The last 40 lines of a log file.
-pub(crate) fn tail(path: &Path) -> String {
+pub fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")

@@ -215,8 +215,21 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 /// When the program cannot be started, or does not exit within `timeout` (its standard error
 /// so far is in the message).
 pub fn output_within(command: &mut Command, timeout: Duration) -> std::process::Output {
+    output_within_from(command, Stdio::null(), timeout)
+}
+
+/// [`output_within`] with `stdin` as the program's standard input (a file, say).
+///
+/// # Panics
+///
+/// As [`output_within`].
+pub fn output_within_from(
+    command: &mut Command,
+    stdin: impl Into<Stdio>,
+    timeout: Duration,
+) -> std::process::Output {
     let mut child = command
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

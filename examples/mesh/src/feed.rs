@@ -252,3 +252,106 @@ pub fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {
         _ => None,
     }
 }
+
+/// How a node proxy names itself to an Istio control plane, in the shape ztunnel uses: the
+/// node id `ztunnel~IP~POD.NAMESPACE~NAMESPACE.svc.cluster.local` and the metadata istiod
+/// reads (`NAME`, `NAMESPACE`, `INSTANCE_IPS`, `NODE_NAME`, `CLUSTER_ID`, and
+/// `SERVICE_ACCOUNT` when known).
+///
+/// istiod takes the `ztunnel` prefix as the proxy's type (only ztunnels are sent `Address`
+/// and `Authorization`), checks that `NAMESPACE` is the namespace of the bearer token's
+/// ServiceAccount, and sends the workloads whose `node` is `NODE_NAME` as this node's own.
+/// meshkit's control plane reads the same node.
+///
+/// ```
+/// use meshkit_mesh::feed::ProxyNode;
+///
+/// let node = ProxyNode::new("node-a", "ztunnel-x1", "istio-system", [10, 0, 0, 10].into())
+///     .with_cluster_id("Kubernetes")
+///     .to_node();
+/// assert_eq!(node.id, "ztunnel~10.0.0.10~ztunnel-x1.istio-system~istio-system.svc.cluster.local");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProxyNode {
+    /// The Kubernetes node this proxy serves (`NODE_NAME`).
+    pub node_name: String,
+    /// The proxy's own Pod (`NAME`).
+    pub pod_name: String,
+    /// Its Pod's namespace (`NAMESPACE`): that of the ServiceAccount whose token it sends.
+    pub pod_namespace: String,
+    /// Its Pod's address (`INSTANCE_IPS`).
+    pub instance_ip: IpAddr,
+    /// The cluster it runs in (`CLUSTER_ID`, and the node's `cluster`). Default:
+    /// `Kubernetes`, istiod's default.
+    pub cluster_id: String,
+    /// Its Pod's ServiceAccount (`SERVICE_ACCOUNT`), if known.
+    pub service_account: Option<String>,
+}
+
+impl ProxyNode {
+    /// The proxy of node `node_name` running as Pod `pod_namespace/pod_name` at `instance_ip`.
+    pub fn new(
+        node_name: impl Into<String>,
+        pod_name: impl Into<String>,
+        pod_namespace: impl Into<String>,
+        instance_ip: IpAddr,
+    ) -> Self {
+        Self {
+            node_name: node_name.into(),
+            pod_name: pod_name.into(),
+            pod_namespace: pod_namespace.into(),
+            instance_ip,
+            cluster_id: "Kubernetes".to_owned(),
+            service_account: None,
+        }
+    }
+
+    /// Names the cluster ([`ProxyNode::cluster_id`]).
+    pub fn with_cluster_id(mut self, cluster_id: impl Into<String>) -> Self {
+        self.cluster_id = cluster_id.into();
+        self
+    }
+
+    /// Names the Pod's ServiceAccount ([`ProxyNode::service_account`]).
+    pub fn with_service_account(mut self, service_account: impl Into<String>) -> Self {
+        self.service_account = Some(service_account.into());
+        self
+    }
+
+    /// The xDS node: id, cluster and metadata.
+    pub fn to_node(&self) -> meshkit_xds_client::envoy::Node {
+        use meshkit_xds_client::envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+        let namespace = &self.pod_namespace;
+        let ip = self.instance_ip.to_string();
+        let mut fields = vec![
+            ("NAME", self.pod_name.clone()),
+            ("NAMESPACE", namespace.clone()),
+            ("INSTANCE_IPS", ip.clone()),
+            ("NODE_NAME", self.node_name.clone()),
+            ("CLUSTER_ID", self.cluster_id.clone()),
+        ];
+        if let Some(account) = &self.service_account {
+            fields.push(("SERVICE_ACCOUNT", account.clone()));
+        }
+        meshkit_xds_client::envoy::Node {
+            id: format!(
+                "ztunnel~{ip}~{}.{namespace}~{namespace}.svc.cluster.local",
+                self.pod_name
+            ),
+            cluster: self.cluster_id.clone(),
+            metadata: Some(Struct {
+                fields: fields
+                    .into_iter()
+                    .map(|(k, v)| {
+                        let value = Value {
+                            kind: Some(Kind::StringValue(v)),
+                        };
+                        (k.to_owned(), value)
+                    })
+                    .collect(),
+            }),
+            ..Default::default()
+        }
+    }
+}

@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::discovery::{Discovery, Scope};
 use meshkit_control_plane::kube_source;
 use meshkit_test_support::apiserver::{ApiServer, ISSUER};
 use serde_json::{Value, json};
@@ -65,42 +64,13 @@ pub(crate) fn deploy_documents(name: &str) -> Vec<Value> {
 }
 
 /// Applies `documents` of any kind the API server serves by server-side apply, as a dry run
-/// (nothing stored, everything validated and admitted) when `dry_run`; the error of the
-/// first refused.
+/// when `dry_run` ([`ApiServer::apply_documents`]); the error of the first refused.
 pub(crate) async fn apply_any(
     api: &ApiServer,
     documents: &[Value],
     dry_run: bool,
 ) -> Result<usize, String> {
-    let discovery = Discovery::new(api.client())
-        .run()
-        .await
-        .map_err(|e| format!("discovery: {e}"))?;
-    for document in documents {
-        let api_version = document["apiVersion"].as_str().unwrap_or_default();
-        let kind = document["kind"].as_str().unwrap_or_default();
-        let name = document["metadata"]["name"].as_str().unwrap_or_default();
-        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
-        let (resource, capabilities) = discovery
-            .resolve_gvk(&gvk)
-            .ok_or_else(|| format!("{api_version} {kind} is not served"))?;
-        let objects: Api<DynamicObject> = if capabilities.scope == Scope::Namespaced {
-            let ns = document["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("default");
-            Api::namespaced_with(api.client(), ns, &resource)
-        } else {
-            Api::all_with(api.client(), &resource)
-        };
-        let mut params = PatchParams::apply("meshkit-test").force();
-        params.dry_run = dry_run;
-        objects
-            .patch(name, &params, &Patch::Apply(document))
-            .await
-            .map_err(|e| format!("{kind} {name}: {e}"))?;
-    }
-    Ok(documents.len())
+    api.apply_documents(documents, dry_run).await
 }
 
 /// A client acting as the control plane's own ServiceAccount,

@@ -77,6 +77,180 @@ print(answer.decode(errors="replace"))
 print(f"expect {size} {hashlib.sha256(data).hexdigest()}")
 "#;
 
+/// The policies of the ztunnel and istiod tests: zt-app (namespace zt, labels `app: ztapp`,
+/// `role: target`) takes mk-app only and the decision table's callers; mk's workloads take the
+/// zt namespace only.
+pub(crate) const POLICIES: &str = r#"
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: allow-mkapp, namespace: zt}
+spec:
+  selector: {matchLabels: {app: ztapp}}
+  rules:
+  - from: [{source: {principals: [cluster.local/ns/mk/sa/mkapp]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: allow-zt, namespace: mk}
+spec:
+  rules:
+  - from: [{source: {namespaces: [zt]}}]
+---
+# The decision table's policies: one set, for zt-app behind ztunnel and mk-twin behind
+# meshkit alike.
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: target-allow, namespace: zt}
+spec:
+  selector: {matchLabels: {role: target}}
+  rules:
+  - from: [{source: {principals: [cluster.local/ns/mk/sa/a]}}]
+    to: [{operation: {ports: ["9000"]}}]
+  - from: [{source: {namespaces: [ops]}}]
+  - from: [{source: {ipBlocks: [10.250.0.10/32, 10.250.0.1/32]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-quarantine, namespace: zt}
+spec:
+  action: DENY
+  rules:
+  - from: [{source: {ipBlocks: [10.250.0.8/32]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-intruders, namespace: zt}
+spec:
+  action: DENY
+  rules:
+  - from: [{source: {principals: ["*/sa/intruder"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-9001, namespace: zt}
+spec:
+  action: DENY
+  rules:
+  - to: [{operation: {ports: ["9001"]}}]
+    when: [{key: source.principal, notValues: [cluster.local/ns/ops/sa/admin]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: deny-mk-trial
+  namespace: zt
+  annotations: {istio.io/dry-run: "true"}
+spec:
+  action: DENY
+  rules:
+  - from: [{source: {namespaces: [mk]}}]
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: strict, namespace: zt}
+spec: {mtls: {mode: STRICT}}
+"#;
+
+/// Plaintext cases: (case, destination port, allowed), the same on both proxies. A client
+/// without a mesh identity connects to the workload's own address, from a listed IP block
+/// (10.250.0.10 in `M` for zt-app, 10.250.0.1 in `Z` for mk-twin); netfilter in the
+/// destination's namespace redirects it to its proxy's port 15006.
+pub(crate) const PLAINTEXT: [(&str, u16, bool); 2] = [
+    (
+        "plaintext from a listed IP block: STRICT denies (DENY over ALLOW)",
+        9000,
+        false,
+    ),
+    ("plaintext from a listed IP block, other port", 9001, false),
+];
+
+/// The same once STRICT is lifted (PERMISSIVE).
+pub(crate) const PLAINTEXT_PERMISSIVE: [(&str, u16, bool); 2] = [
+    (
+        "plaintext, PERMISSIVE: ALLOW by IP block without an identity",
+        9000,
+        true,
+    ),
+    (
+        "plaintext, PERMISSIVE, other port: DENY by notValues (no principal)",
+        9001,
+        false,
+    ),
+];
+
+/// The decision table: (caller, its address, destination port, allowed), the same on
+/// ztunnel's zt-app and meshkit's mk-twin.
+pub(crate) const TABLE: [(&str, &str, u16, bool); 13] = [
+    (
+        "mk/sa/a: principal on its port (dry-run DENY not enforced)",
+        "10.250.0.4",
+        9000,
+        true,
+    ),
+    (
+        "mk/sa/a: principal on another port (DENY with notValues)",
+        "10.250.0.4",
+        9001,
+        false,
+    ),
+    ("mk/sa/other: no ALLOW matches", "10.250.0.3", 9000, false),
+    (
+        "mk/sa/other: no ALLOW matches, other port",
+        "10.250.0.3",
+        9001,
+        false,
+    ),
+    ("ops/sa/admin: namespace", "10.250.0.5", 9000, true),
+    (
+        "ops/sa/admin: exempt from the port DENY by notValues",
+        "10.250.0.5",
+        9001,
+        true,
+    ),
+    (
+        "ops/sa/intruder: DENY over ALLOW (principal suffix)",
+        "10.250.0.6",
+        9000,
+        false,
+    ),
+    (
+        "ops/sa/intruder: DENY over ALLOW, other port",
+        "10.250.0.6",
+        9001,
+        false,
+    ),
+    (
+        "edge/sa/gw: namespace not listed",
+        "10.250.0.7",
+        9000,
+        false,
+    ),
+    (
+        "edge/sa/gw: namespace not listed, other port",
+        "10.250.0.7",
+        9001,
+        false,
+    ),
+    (
+        "ops/sa/quarantined: DENY by IP block over the namespace ALLOW",
+        "10.250.0.8",
+        9000,
+        false,
+    ),
+    (
+        "edge/sa/listed: ALLOW by IP block (its namespace is not listed)",
+        "10.250.0.10",
+        9000,
+        true,
+    ),
+    (
+        "edge/sa/listed: ALLOW by IP block, other port (DENY with notValues)",
+        "10.250.0.10",
+        9001,
+        false,
+    ),
+];
+
 /// The network namespaces and veth pair of one run; removed on drop.
 pub(crate) struct Netns {
     pub(crate) z: String,

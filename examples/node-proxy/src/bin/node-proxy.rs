@@ -29,6 +29,7 @@ use meshkit_cli::{
 use meshkit_identity::istio::IstioCaClient;
 use meshkit_identity::{SvidCache, TrustDomain};
 use meshkit_mesh::MeshConfig;
+use meshkit_mesh::feed::ProxyNode;
 use meshkit_node_proxy::admin::{AccessLog, LogFilter, Registry};
 use meshkit_node_proxy::{InboundPolicy, NodeProxy, NodeProxyConfig, OutboundListener, Telemetry};
 use meshkit_xds_client::envoy::Node;
@@ -44,7 +45,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(version)]
 struct Args {
     /// This node's name (workloads with this `node` are served inbound).
-    #[arg(long)]
+    #[arg(long, env = "NODE_NAME")]
     node: String,
     /// The mesh's trust domain.
     #[arg(long, default_value = "cluster.local")]
@@ -56,9 +57,25 @@ struct Args {
     /// control plane on loopback): workloads over Delta xDS instead of a mesh file.
     #[arg(long)]
     xds: Option<String>,
-    /// The cluster this node belongs to, sent to the control plane in the xDS node.
-    #[arg(long, default_value = "Kubernetes")]
+    /// The cluster this node belongs to: sent to the control plane in the xDS node, and to
+    /// the CA as the `clusterid` header (istiod requires it of a node proxy that asks for
+    /// its workloads' certificates).
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     cluster: String,
+    /// The node proxy's own Pod name. With --pod-namespace, the node proxy names itself to
+    /// the control plane as ztunnel does (`ztunnel~IP~POD.NAMESPACE~...` and its metadata),
+    /// as istiod expects of a node proxy; without, by the node's name alone.
+    #[arg(long, env = "POD_NAME", requires = "pod_namespace")]
+    pod_name: Option<String>,
+    /// The node proxy's own Pod namespace: that of the ServiceAccount its token belongs to.
+    #[arg(long, env = "POD_NAMESPACE", requires = "pod_name")]
+    pod_namespace: Option<String>,
+    /// The node proxy's own Pod address, sent as `INSTANCE_IPS`.
+    #[arg(long, env = "INSTANCE_IP", default_value = "127.0.0.1")]
+    instance_ip: std::net::IpAddr,
+    /// The node proxy's own ServiceAccount, sent as `SERVICE_ACCOUNT`.
+    #[arg(long, env = "SERVICE_ACCOUNT")]
+    service_account: Option<String>,
     /// URL of the Istio-protocol CA (`IstioCertificateService`).
     #[arg(long)]
     ca: String,
@@ -164,7 +181,10 @@ async fn run(args: Args, filter: LogFilter) -> Result<(), CliError> {
         .map_err(|e| format!("--trust-domain {:?}: {e}", args.trust_domain))?;
     let bundles = load_bundle(&args.ca_root, &td)?;
     let channel = args.control_plane.ca_channel(&args.ca, &args.ca_root)?;
-    let mut ca = IstioCaClient::new(channel).with_impersonated_identity(true);
+    let mut ca = IstioCaClient::new(channel)
+        .with_impersonated_identity(true)
+        .with_cluster_id(&args.cluster)
+        .map_err(|e| format!("--cluster {:?}: {e}", args.cluster))?;
     if let Some(token) = args
         .control_plane
         .ca_token(args.ca_token.as_deref(), &args.ca)?
@@ -203,10 +223,20 @@ async fn run(args: Args, filter: LogFilter) -> Result<(), CliError> {
     let Some(mesh_file) = args.mesh.clone() else {
         // Workloads from the control plane, over Delta ADS.
         let ads = args.xds.clone().unwrap_or_default();
-        let node = Node {
-            id: args.node.clone(),
-            cluster: args.cluster.clone(),
-            ..Default::default()
+        let node = match (&args.pod_name, &args.pod_namespace) {
+            (Some(pod), Some(namespace)) => {
+                let mut node = ProxyNode::new(&args.node, pod, namespace, args.instance_ip)
+                    .with_cluster_id(&args.cluster);
+                if let Some(account) = &args.service_account {
+                    node = node.with_service_account(account);
+                }
+                node.to_node()
+            }
+            _ => Node {
+                id: args.node.clone(),
+                cluster: args.cluster.clone(),
+                ..Default::default()
+            },
         };
         let xds = args.control_plane.xds_config(
             &ads,
