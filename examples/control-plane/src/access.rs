@@ -83,6 +83,8 @@ pub struct TokenAccess {
 struct Views {
     source: Option<Arc<Snapshot>>,
     by_role: HashMap<XdsRole, Arc<Snapshot>>,
+    /// The source's Addresses, indexed once for every node's view.
+    addresses: Option<Arc<AddressIndex>>,
 }
 
 /// One stream's access.
@@ -147,7 +149,15 @@ impl XdsRole {
     /// The part of `snapshot` this role is served (see the module table).
     pub fn view(&self, snapshot: &Snapshot) -> Snapshot {
         match self {
-            Self::Node(node) => node_view(snapshot, node),
+            Self::Node(node) => node_view(snapshot, node, &AddressIndex::of(snapshot)),
+            _ => self.view_indexed(snapshot, &AddressIndex::default()),
+        }
+    }
+
+    /// [`XdsRole::view`] with the snapshot's Addresses already indexed.
+    fn view_indexed(&self, snapshot: &Snapshot, index: &AddressIndex) -> Snapshot {
+        match self {
+            Self::Node(node) => node_view(snapshot, node, index),
             Self::Gateway(_) => gateway_view(snapshot, None),
             Self::GatewayOfClass { class, .. } => gateway_view(snapshot, Some(class)),
         }
@@ -165,40 +175,85 @@ impl std::fmt::Display for XdsRole {
     }
 }
 
-fn node_view(snapshot: &Snapshot, node: &str) -> Snapshot {
+/// What a node's view needs of each `Address` of one snapshot, decoded once for all the
+/// node proxies served from it rather than once per node proxy.
+#[derive(Debug, Default)]
+struct AddressIndex {
+    by_name: HashMap<String, AddressEntry>,
+}
+
+#[derive(Debug)]
+struct AddressEntry {
+    /// The workload's node; `None` for a service.
+    node: Option<String>,
+    /// A service, or a workload that backs one: sent to every node.
+    everywhere: bool,
+    /// The addresses (`NETWORK/IP`) and host name it may be asked for by.
+    aliases: Vec<String>,
+}
+
+impl AddressIndex {
+    fn of(snapshot: &Snapshot) -> Self {
+        let Some(addresses) = snapshot.get_type(ADDRESS_TYPE_URL) else {
+            return Self::default();
+        };
+        let by_ip =
+            |network: &str, bytes: &[u8]| ip_from_bytes(bytes).map(|ip| format!("{network}/{ip}"));
+        let by_name = addresses
+            .resources()
+            .iter()
+            .filter_map(|(name, r)| {
+                let entry = match Address::decode(r.resource.value.as_slice()).ok()?.r#type? {
+                    address::Type::Service(svc) => {
+                        let ips = svc.addresses.iter();
+                        let mut aliases: Vec<String> =
+                            ips.filter_map(|a| by_ip(&a.network, &a.address)).collect();
+                        aliases.push(svc.hostname);
+                        AddressEntry {
+                            node: None,
+                            everywhere: true,
+                            aliases,
+                        }
+                    }
+                    address::Type::Workload(w) => AddressEntry {
+                        everywhere: !w.services.is_empty(),
+                        aliases: w
+                            .addresses
+                            .iter()
+                            .filter_map(|a| by_ip(&w.network, a))
+                            .collect(),
+                        node: Some(w.node),
+                    },
+                };
+                Some((name.clone(), entry))
+            })
+            .collect();
+        Self { by_name }
+    }
+}
+
+fn node_view(snapshot: &Snapshot, node: &str, index: &AddressIndex) -> Snapshot {
     let Some(addresses) = snapshot.get_type(ADDRESS_TYPE_URL) else {
         return Snapshot::new();
     };
     // For a node proxy in on-demand mode (ztunnel's XDS_ON_DEMAND, which subscribes to no
     // Address by name at first): its own node's workloads without asking, and every kept
-    // workload and service by the names it asks for them by. Each resource is decoded once.
+    // workload and service by the names it asks for them by.
     let mut implicit = Vec::new();
     let mut aliases = Vec::new();
-    let by_ip = |network: &str, bytes: &[u8], name: &str| {
-        ip_from_bytes(bytes).map(|ip| (format!("{network}/{ip}"), name.to_owned()))
-    };
-    let kept = addresses.filtered(|name, r| {
-        let decoded = Address::decode(r.resource.value.as_slice()).ok();
-        match decoded.and_then(|a| a.r#type) {
-            Some(address::Type::Service(svc)) => {
-                let ips = svc.addresses.iter();
-                aliases.extend(ips.filter_map(|a| by_ip(&a.network, &a.address, name)));
-                aliases.push((svc.hostname, name.to_owned()));
-                true
-            }
-            Some(address::Type::Workload(w)) => {
-                let keep = w.node == node || !w.services.is_empty();
-                if keep {
-                    if w.node == node {
-                        implicit.push(name.to_owned());
-                    }
-                    let ips = w.addresses.iter();
-                    aliases.extend(ips.filter_map(|a| by_ip(&w.network, a, name)));
-                }
-                keep
-            }
-            None => false,
+    let kept = addresses.filtered(|name, _| {
+        let Some(entry) = index.by_name.get(name) else {
+            return false;
+        };
+        let own = entry.node.as_deref() == Some(node);
+        if own {
+            implicit.push(name.to_owned());
         }
+        let keep = own || entry.everywhere;
+        if keep {
+            aliases.extend(entry.aliases.iter().map(|a| (a.clone(), name.to_owned())));
+        }
+        keep
     });
     // An address or host name that two resources claim stands for neither (a resource that
     // lists one twice claims it once).
@@ -513,14 +568,23 @@ impl StreamAccess for ClientAccess {
         {
             views.source = Some(Arc::clone(snapshot));
             views.by_role.clear();
+            views.addresses = None;
         }
-        let role = self.role.clone();
-        Arc::clone(
-            views
-                .by_role
-                .entry(role)
-                .or_insert_with(|| Arc::new(self.role.view(snapshot))),
-        )
+        if let Some(view) = views.by_role.get(&self.role) {
+            return Arc::clone(view);
+        }
+        let index = match (&self.role, &views.addresses) {
+            (XdsRole::Node(_), None) => {
+                let index = Arc::new(AddressIndex::of(snapshot));
+                views.addresses = Some(Arc::clone(&index));
+                index
+            }
+            (_, Some(index)) => Arc::clone(index),
+            (_, None) => Arc::default(),
+        };
+        let view = Arc::new(self.role.view_indexed(snapshot, &index));
+        views.by_role.insert(self.role.clone(), Arc::clone(&view));
+        view
     }
 }
 

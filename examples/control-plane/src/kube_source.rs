@@ -486,16 +486,22 @@ impl Watches {
         let mut present = BTreeSet::new();
         for (kind, origin, object) in objects {
             let policy = matches!(kind, "AuthorizationPolicy" | "PeerAuthentication");
-            if policy {
+            let refused = if policy {
                 present.insert(origin.clone());
-            }
-            let refused = set.add_object(&origin, object.clone());
-            if refused.is_empty() {
-                if policy {
+                let refused = set.add_object(&origin, object.clone());
+                if refused.is_empty() {
                     last_good.insert(origin, object);
+                    continue;
                 }
-                continue;
-            }
+                refused
+            } else {
+                // Only a policy's accepted version is kept: anything else goes in as it is.
+                let refused = set.add_object(&origin, object);
+                if refused.is_empty() {
+                    continue;
+                }
+                refused
+            };
             // A policy whose new version is refused stays enforced as it was last accepted:
             // leaving it out could open what it closes.
             let kept = policy

@@ -24,7 +24,7 @@
 //! Meshkit-specific: a WorkloadEntry's node is its `meshkit.io/node` label (Istio has no such
 //! field; node proxies use it to pick the workloads they serve).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -81,7 +81,13 @@ pub struct ManifestSet {
     /// Of the warnings, the objects from the API server that the model refuses and leaves out
     /// (a manifest folder with one is an error instead).
     pub refused: Vec<ManifestError>,
+    /// The kind, namespace and name of each core object added: a second of the same name is
+    /// refused in constant time, however many there are.
+    core_keys: HashSet<CoreKey>,
 }
+
+/// A core object's kind, namespace and name.
+type CoreKey = (&'static str, Option<String>, String);
 
 /// A `kubernetes.io/tls` Secret.
 #[derive(Clone, PartialEq, Eq)]
@@ -375,13 +381,29 @@ impl ManifestSet {
                 crate::policy::parse_peer_authentication(value)
                     .and_then(|p| self.add_peer_authentication(p))
             }
-            ("Namespace", "v1") => add_core(&mut self.namespaces, "Namespace", value, false),
-            ("Node", "v1") => add_core(&mut self.nodes, "Node", value, false),
-            ("Pod", "v1") => add_core(&mut self.pods, "Pod", value, true),
-            ("Service", "v1") => add_core(&mut self.services, "Service", value, true),
-            ("EndpointSlice", "discovery.k8s.io/v1") => {
-                add_core(&mut self.endpoint_slices, "EndpointSlice", value, true)
-            }
+            ("Namespace", "v1") => add_core(
+                &mut self.namespaces,
+                &mut self.core_keys,
+                "Namespace",
+                value,
+                false,
+            ),
+            ("Node", "v1") => add_core(&mut self.nodes, &mut self.core_keys, "Node", value, false),
+            ("Pod", "v1") => add_core(&mut self.pods, &mut self.core_keys, "Pod", value, true),
+            ("Service", "v1") => add_core(
+                &mut self.services,
+                &mut self.core_keys,
+                "Service",
+                value,
+                true,
+            ),
+            ("EndpointSlice", "discovery.k8s.io/v1") => add_core(
+                &mut self.endpoint_slices,
+                &mut self.core_keys,
+                "EndpointSlice",
+                value,
+                true,
+            ),
             ("AuthorizationPolicy" | "PeerAuthentication", v) => Err(vec![(
                 "apiVersion".to_owned(),
                 format!(
@@ -821,7 +843,8 @@ object!(Namespace, Node, Pod, Service, EndpointSlice);
 
 fn add_core<T: Object>(
     into: &mut Vec<T>,
-    kind: &str,
+    keys: &mut HashSet<CoreKey>,
+    kind: &'static str,
     value: Value,
     namespaced: bool,
 ) -> Result<(), Vec<(String, String)>> {
@@ -834,8 +857,7 @@ fn add_core<T: Object>(
     let Some(name) = meta.name.clone().filter(|n| !n.is_empty()) else {
         return Err(one("metadata.name", "required"));
     };
-    let key = |m: &ObjectMeta| (m.namespace.clone(), m.name.clone());
-    if into.iter().any(|o| key(o.meta()) == key(object.meta())) {
+    if !keys.insert((kind, meta.namespace.clone(), name.clone())) {
         let name = match &object.meta().namespace {
             Some(ns) => format!("{ns}/{name}"),
             None => name,

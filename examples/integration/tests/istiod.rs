@@ -19,6 +19,12 @@
 //! name and namespace, its node and the cluster id. istiod listens on the host's loopback; in
 //! each namespace, `127.0.0.1:15012` relays to it through a Unix socket (Unix sockets belong to
 //! no network namespace), so nothing leaves loopback and the namespaces.
+//!
+//! With `MESHKIT_ZTUNNEL` naming a ztunnel binary (built locally: it is in no registry), a
+//! third namespace `Y` (10.251.0.1, joined to `M` by a second veth pair) holds a ztunnel fed by
+//! the same istiod in dedicated mode for the workload `zt/yz-app`, which carries the same
+//! labels as zt-app: traffic crosses between ztunnel and meshkit both ways, and the decision
+//! table is run against both, with the same answers required.
 
 mod netns;
 
@@ -329,16 +335,13 @@ fn node_proxy(
 
 /// A node proxy's config dump, from its admin endpoint in `netns`.
 fn config_dump(ns: &Netns, netns: &str) -> Option<serde_json::Value> {
-    let out = ns.run(
-        netns,
-        &[
-            "curl",
-            "-s",
-            "--max-time",
-            "2",
-            "http://127.0.0.1:15020/config_dump",
-        ],
-    );
+    config_dump_at(ns, netns, 15020)
+}
+
+/// The config dump of the admin endpoint on `127.0.0.1:port` in `netns` (ztunnel's is 15000).
+fn config_dump_at(ns: &Netns, netns: &str, port: u16) -> Option<serde_json::Value> {
+    let url = format!("http://127.0.0.1:{port}/config_dump");
+    let out = ns.run(netns, &["curl", "-s", "--max-time", "2", &url]);
     serde_json::from_slice(&out.stdout).ok()
 }
 
@@ -363,6 +366,143 @@ fn reaches(
 ) -> bool {
     exchange(ns, netns, client, &["direct", from, to, port, "1000"])
         .is_ok_and(|(answer, expected)| answer == format!("{name} {expected}"))
+}
+
+/// The namespace of the ztunnel run, joined to `M` by a veth pair; removed on drop.
+struct ZtunnelNamespace {
+    name: String,
+}
+
+impl ZtunnelNamespace {
+    fn create() -> Result<Self, String> {
+        let id = std::process::id() % 100_000;
+        let y = Self {
+            name: format!("mkzt-y-{id}"),
+        };
+        let m = format!("mkzt-m-{id}");
+        let (vy, vm) = (format!("mky{id}"), format!("mkn{id}"));
+        let run = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new("ip")
+                .args(args)
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            out.status.success().then_some(()).ok_or_else(|| {
+                format!(
+                    "ip {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
+            })
+        };
+        run(&["netns", "add", &y.name])?;
+        run(&[
+            "link", "add", &vy, "netns", &y.name, "type", "veth", "peer", "name", &vm, "netns", &m,
+        ])?;
+        run(&["-n", &y.name, "addr", "add", "10.251.0.1/24", "dev", &vy])?;
+        run(&["-n", &m, "addr", "add", "10.251.0.254/24", "dev", &vm])?;
+        for (netns, dev) in [(&y.name, &vy), (&m, &vm)] {
+            run(&["-n", netns, "link", "set", dev, "up"])?;
+        }
+        run(&["-n", &y.name, "link", "set", "lo", "up"])?;
+        run(&[
+            "-n",
+            &y.name,
+            "route",
+            "add",
+            "default",
+            "via",
+            "10.251.0.254",
+        ])?;
+        Ok(y)
+    }
+}
+
+impl Drop for ZtunnelNamespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// ztunnel's workload, its Service, its node.
+const ZTUNNEL_OBJECTS: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node-y}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: yzapp, namespace: zt}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: yz-app
+  namespace: zt
+  labels: {app: yzapp, role: target}
+  annotations: {ambient.istio.io/redirection: enabled}
+spec:
+  nodeName: node-y
+  serviceAccountName: yzapp
+  containers: [{name: app, image: example.invalid/app, ports: [{containerPort: 9000}, {containerPort: 9001}]}]
+status:
+  phase: Running
+  podIP: 10.251.0.1
+  podIPs: [{ip: 10.251.0.1}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: yz-echo, namespace: zt}
+spec:
+  selector: {app: yzapp}
+  ports:
+  - {name: tcp, port: 80, targetPort: 9000}
+  - {name: tcp-alt, port: 81, targetPort: 9001}
+"#;
+
+/// ztunnel in `netns`, in dedicated mode for zt/yz-app, configured only by its environment:
+/// istiod (through the relay), its root, the workload's token.
+fn ztunnel(ns: &Netns, netns: &str, binary: &Path, dir: &Path) -> KillOnDrop {
+    let path = |f: &str| dir.join(f).display().to_string();
+    let istiod = format!("https://127.0.0.1:{ISTIOD_PORT}");
+    let env: Vec<(&str, String)> = vec![
+        ("PROXY_MODE", "dedicated".into()),
+        ("PROXY_WORKLOAD_INFO", "zt/yz-app/yzapp".into()),
+        ("POD_NAME", "yz-app".into()),
+        ("POD_NAMESPACE", "zt".into()),
+        ("SERVICE_ACCOUNT", "yzapp".into()),
+        ("NODE_NAME", "node-y".into()),
+        ("INSTANCE_IP", "10.251.0.1".into()),
+        ("CLUSTER_ID", CLUSTER_ID.into()),
+        ("XDS_ADDRESS", istiod.clone()),
+        ("CA_ADDRESS", istiod),
+        ("XDS_ROOT_CA", path("root.pem")),
+        ("CA_ROOT_CA", path("root.pem")),
+        ("ALT_XDS_HOSTNAME", SERVER_NAME.into()),
+        ("ALT_CA_HOSTNAME", SERVER_NAME.into()),
+        ("AUTH_TOKEN", path("yz-app.token")),
+        ("UNSTABLE_ENABLE_SOCKS5", "true".into()),
+        // No iptables in the namespace to route answers to a spoofed source back to ztunnel.
+        ("ENABLE_ORIG_SRC", "false".into()),
+        ("RUST_LOG", "info".into()),
+    ];
+    ns.spawn(
+        netns,
+        binary,
+        &["proxy", "ztunnel"],
+        &env,
+        &dir.join("ztunnel.log"),
+    )
+}
+
+/// One workload the decision table runs against: which proxy fronts it, the outbound
+/// listeners of node-m that reach its ports 9000 and 9001, its echo's name and its address.
+struct TableTarget {
+    proxy: &'static str,
+    listeners: (&'static str, &'static str),
+    name: &'static str,
+    ip: &'static str,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,6 +542,21 @@ async fn meshkit_node_proxies_in_a_mesh_run_by_istiod() {
     api.apply(&cluster_yaml()).await;
     api.apply(SERVICES).await;
     api.apply(POLICIES).await;
+    let ztunnel_binary = std::env::var_os("MESHKIT_ZTUNNEL").map(std::path::PathBuf::from);
+    let y = match &ztunnel_binary {
+        Some(_) => {
+            api.apply(ZTUNNEL_OBJECTS).await;
+            let token = api
+                .service_account_token("zt", "yzapp", &["istio-ca"], None)
+                .await;
+            std::fs::write(path("yz-app.token"), token).unwrap();
+            Some(ZtunnelNamespace::create().expect("the ztunnel's namespace"))
+        }
+        None => {
+            eprintln!("{test}: MESHKIT_ZTUNNEL is not set: no ztunnel in this run");
+            None
+        }
+    };
     // Each node proxy's token: its ServiceAccount's, bound to its own Pod, for `istio-ca`.
     let pods: kube::Api<Pod> = kube::Api::namespaced(api.client(), NODE_ACCOUNT.0);
     for pod in ["ztunnel-z", "ztunnel-m"] {
@@ -420,6 +575,7 @@ async fn meshkit_node_proxies_in_a_mesh_run_by_istiod() {
     let port = ISTIOD_PORT.to_string();
     let _relays: Vec<KillOnDrop> = [&ns.z, &ns.m]
         .into_iter()
+        .chain(y.as_ref().map(|y| &y.name))
         .map(|netns| {
             ns.spawn(
                 netns,
@@ -449,20 +605,33 @@ async fn meshkit_node_proxies_in_a_mesh_run_by_istiod() {
             "10.250.0.1:15082=mk-other.mk.svc.cluster.local:80",
         ],
     );
-    let _proxy_m = node_proxy(
-        &ns,
-        &ns.m,
-        &dir,
-        ("node-m", "ztunnel-m"),
-        &[
-            "--instance-ip",
-            "10.250.1.2",
+    let mut m_args = vec![
+        "--instance-ip",
+        "10.250.1.2",
+        "--outbound",
+        "10.250.0.2:15081=zt-echo.zt.svc.cluster.local:80",
+        "--outbound",
+        "10.250.0.2:15082=zt-echo.zt.svc.cluster.local:81",
+    ];
+    if y.is_some() {
+        m_args.extend([
             "--outbound",
-            "10.250.0.2:15081=zt-echo.zt.svc.cluster.local:80",
+            "10.250.0.2:15083=yz-echo.zt.svc.cluster.local:80",
             "--outbound",
-            "10.250.0.2:15082=zt-echo.zt.svc.cluster.local:81",
-        ],
-    );
+            "10.250.0.2:15084=yz-echo.zt.svc.cluster.local:81",
+        ]);
+    }
+    let _proxy_m = node_proxy(&ns, &ns.m, &dir, ("node-m", "ztunnel-m"), &m_args);
+    // ztunnel, its application, and the redirection of its plaintext to its port 15006.
+    let _ztunnel = match (&y, &ztunnel_binary) {
+        (Some(y), Some(binary)) => {
+            let echo = ns.echo(&y.name, &dir, "10.251.0.1", &["9000", "9001"], "yz-app");
+            ns.redirect(&y.name, "10.251.0.1", &[9000, 9001], 15006)
+                .expect("iptables in Y");
+            Some((ztunnel(&ns, &y.name, binary, &dir), echo))
+        }
+        _ => None,
+    };
     // Plaintext for zt-app arriving over the veth goes to its node proxy's port 15006, as
     // the platform's redirection does for ztunnel.
     ns.redirect(&ns.z, "10.250.0.1", &[9000, 9001], 15006)
@@ -471,9 +640,10 @@ async fn meshkit_node_proxies_in_a_mesh_run_by_istiod() {
     // Each holds istiod's certificates for its own node's workloads, got by impersonation.
     let logs = || {
         format!(
-            "node-z:\n{}\nnode-m:\n{}\nistiod:\n{}",
+            "node-z:\n{}\nnode-m:\n{}\nztunnel:\n{}\nistiod:\n{}",
             tail(&path("node-z.log")),
             tail(&path("node-m.log")),
+            tail(&path("ztunnel.log")),
             istiod.log_tail()
         )
     };
@@ -546,6 +716,60 @@ async fn meshkit_node_proxies_in_a_mesh_run_by_istiod() {
         });
     }
 
+    // ztunnel fed by the same istiod: its workload and certificate, then traffic both ways
+    // between ztunnel and meshkit, 1 MiB each, bytes and half-close intact.
+    if let Some(y) = &y {
+        until("ztunnel's workloads from istiod", || {
+            let dump = config_dump_at(&ns, &y.name, 15000)?;
+            let workloads = dump["workloads"].as_array()?.len();
+            (workloads > PODS.len()).then_some(())
+        });
+        let (answer, expected) = until("yz-app reaches mk-app through ztunnel and meshkit", || {
+            exchange(
+                &ns,
+                &y.name,
+                &client,
+                &["socks", "-", "10.250.0.2", "8080", size, "15080"],
+            )
+            .ok()
+        });
+        assert_eq!(
+            answer,
+            format!("mk-app {expected}"),
+            "ztunnel -> meshkit\n{}",
+            logs()
+        );
+        until("node-m's access log names ztunnel's workload", || {
+            let text = std::fs::read_to_string(path("node-m.log")).ok()?;
+            text.lines()
+                .any(|l| l.contains("src_identity=spiffe://cluster.local/ns/zt/sa/yzapp"))
+                .then_some(())
+        });
+        let (answer, expected) = until("src-a reaches yz-app through meshkit and ztunnel", || {
+            exchange(
+                &ns,
+                &ns.m,
+                &client,
+                &["direct", "10.250.0.4", "10.250.0.2", "15083", size],
+            )
+            .ok()
+        });
+        assert_eq!(
+            answer,
+            format!("yz-app {expected}"),
+            "meshkit -> ztunnel\n{}",
+            logs()
+        );
+        // ztunnel's certificate (fetched when first needed) came from istiod's CA.
+        let dump = config_dump_at(&ns, &y.name, 15000).expect("ztunnel's config dump");
+        let held = identities(&dump);
+        assert!(
+            held.iter()
+                .any(|i| i == "spiffe://cluster.local/ns/zt/sa/yzapp"),
+            "{held:?}"
+        );
+    }
+
     // A Rust service built on the SDK crates alone joins the mesh (examples/join-mesh): its
     // own SVID from istiod's CA for its token, the workload API from istiod, an HBONE tunnel
     // to zt-echo by host name, verified as zt-app's identity; node-z's proxy decides by the
@@ -606,48 +830,77 @@ async fn meshkit_node_proxies_in_a_mesh_run_by_istiod() {
         }
     }
 
-    // The decision table on zt-app, behind node-z's proxy, from the callers on node-m.
+    // The decision table on zt-app, behind node-z's proxy, and on yz-app, behind ztunnel,
+    // from the callers on node-m: the same answers on both.
+    let mut targets = vec![TableTarget {
+        proxy: "meshkit",
+        listeners: ("15081", "15082"),
+        name: "zt-app",
+        ip: "10.250.0.1",
+    }];
+    if y.is_some() {
+        targets.push(TableTarget {
+            proxy: "ztunnel",
+            listeners: ("15083", "15084"),
+            name: "yz-app",
+            ip: "10.251.0.1",
+        });
+    }
     let mut rows = Vec::new();
     for (case, from, port, allowed) in TABLE {
-        let listener = if port == 9000 { "15081" } else { "15082" };
-        let seen = if allowed {
-            // A caller's first tunnel may wait for its certificate: an allowed case is
-            // retried until it answers, a denied one must stay denied.
-            until(case, || {
+        let mut seen = Vec::new();
+        for target in &targets {
+            let listener = if port == 9000 {
+                target.listeners.0
+            } else {
+                target.listeners.1
+            };
+            let reached = || {
                 reaches(
                     &ns,
                     &ns.m,
                     &client,
                     (from, "10.250.0.2", listener),
-                    "zt-app",
+                    target.name,
                 )
-                .then_some(())
-            });
-            true
-        } else {
-            reaches(
-                &ns,
-                &ns.m,
-                &client,
-                (from, "10.250.0.2", listener),
-                "zt-app",
-            )
-        };
-        assert_eq!(seen, allowed, "{case}\n{}", logs());
-        rows.push(format!("| {case} | {port} | {seen} |"));
+            };
+            let result = if allowed {
+                // A caller's first tunnel may wait for its certificate: an allowed case is
+                // retried until it answers, a denied one must stay denied.
+                until(&format!("{case} on {}", target.proxy), || {
+                    reached().then_some(())
+                });
+                true
+            } else {
+                reached()
+            };
+            assert_eq!(result, allowed, "{case} on {}\n{}", target.proxy, logs());
+            seen.push(result.to_string());
+        }
+        rows.push(format!("| {case} | {port} | {} |", seen.join(" | ")));
     }
-    let plaintext = |port: u16| {
+    let plaintext = |target: &TableTarget, port: u16| {
         reaches(
             &ns,
             &ns.m,
             &client,
-            ("10.250.0.10", "10.250.0.1", &port.to_string()),
-            "zt-app",
+            ("10.250.0.10", target.ip, &port.to_string()),
+            target.name,
         )
     };
     for (case, port, allowed) in PLAINTEXT {
-        assert_eq!(plaintext(port), allowed, "{case}\n{}", logs());
-        rows.push(format!("| {case} | {port} | {allowed} |"));
+        let mut seen = Vec::new();
+        for target in &targets {
+            assert_eq!(
+                plaintext(target, port),
+                allowed,
+                "{case} on {}\n{}",
+                target.proxy,
+                logs()
+            );
+            seen.push(allowed.to_string());
+        }
+        rows.push(format!("| {case} | {port} | {} |", seen.join(" | ")));
     }
 
     // PeerAuthentication STRICT lifted in the API server: plaintext from the listed block is
@@ -655,17 +908,35 @@ async fn meshkit_node_proxies_in_a_mesh_run_by_istiod() {
     let edited_at = Instant::now();
     api.apply(&POLICIES.replace("mode: STRICT", "mode: PERMISSIVE"))
         .await;
-    until("node-z admits plaintext once STRICT is lifted", || {
-        plaintext(9000).then_some(())
-    });
-    let lifted = edited_at.elapsed();
-    for (case, port, allowed) in PLAINTEXT_PERMISSIVE {
-        assert_eq!(plaintext(port), allowed, "{case}\n{}", logs());
-        rows.push(format!("| {case} | {port} | {allowed} |"));
+    let mut lifted = Vec::new();
+    for target in &targets {
+        until(
+            &format!("{} admits plaintext once STRICT is lifted", target.proxy),
+            || plaintext(target, 9000).then_some(()),
+        );
+        lifted.push(format!("{} {:?}", target.proxy, edited_at.elapsed()));
     }
+    for (case, port, allowed) in PLAINTEXT_PERMISSIVE {
+        let mut seen = Vec::new();
+        for target in &targets {
+            assert_eq!(
+                plaintext(target, port),
+                allowed,
+                "{case} on {}\n{}",
+                target.proxy,
+                logs()
+            );
+            seen.push(allowed.to_string());
+        }
+        rows.push(format!("| {case} | {port} | {} |", seen.join(" | ")));
+    }
+    let header: Vec<&str> = targets.iter().map(|t| t.proxy).collect();
     eprintln!(
-        "| case | port | allowed |\n|---|---|---|\n{}\nSTRICT lifted: enforced {lifted:?} after the edit",
-        rows.join("\n")
+        "| case | port | {} allowed |\n|---|---|{}\n{}\nSTRICT lifted: enforced by {} after the edit",
+        header.join(" allowed | "),
+        "---|".repeat(targets.len()),
+        rows.join("\n"),
+        lifted.join(", ")
     );
     // Every refusal was a policy's, not a failure on the way: node-z counted one for each.
     let refused = TABLE.iter().filter(|(.., allowed)| !allowed).count()
@@ -686,6 +957,17 @@ async fn meshkit_node_proxies_in_a_mesh_run_by_istiod() {
         denials >= refused,
         "node-z's policy denials: {denials} < {refused}"
     );
+    if y.is_some() {
+        let log = std::fs::read_to_string(path("ztunnel.log")).unwrap_or_default();
+        let rejections = log
+            .lines()
+            .filter(|l| l.contains("policy rejection"))
+            .count();
+        assert!(
+            rejections >= refused,
+            "ztunnel's policy rejections: {rejections} < {refused}"
+        );
+    }
 
     // An AuthorizationPolicy edit in the API server takes effect within a second: mk's
     // workloads stop admitting namespace zt.

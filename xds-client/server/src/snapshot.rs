@@ -26,7 +26,7 @@ pub struct TypeSnapshot {
     content: String,
     /// `version` was set by the caller rather than computed.
     explicit: bool,
-    resources: BTreeMap<String, VersionedResource>,
+    resources: BTreeMap<String, Arc<VersionedResource>>,
     /// Other names a Delta client may subscribe to a resource by, to its own name.
     aliases: BTreeMap<String, String>,
     /// Resources sent to every Delta subscriber of the type, named or not.
@@ -162,7 +162,7 @@ impl Snapshot {
 
     /// One resource.
     pub fn get(&self, type_url: &str, name: &str) -> Option<&VersionedResource> {
-        self.types.get(type_url)?.resources.get(name)
+        self.types.get(type_url)?.resources.get(name).map(|r| &**r)
     }
 
     /// Names of the resources of one type, in order.
@@ -180,11 +180,11 @@ impl TypeSnapshot {
     /// Resources by name (a later duplicate name replaces an earlier one), each versioned by
     /// the hash of its bytes; the type's version is the hash of the names and versions.
     pub fn new(resources: impl IntoIterator<Item = (String, Any)>) -> Self {
-        let resources: BTreeMap<String, VersionedResource> = resources
+        let resources: BTreeMap<String, Arc<VersionedResource>> = resources
             .into_iter()
             .map(|(name, resource)| {
                 let version = hash_hex(&resource.value);
-                (name, VersionedResource { version, resource })
+                (name, Arc::new(VersionedResource { version, resource }))
             })
             .collect();
         let content = content_hash(&resources);
@@ -273,7 +273,7 @@ impl TypeSnapshot {
     }
 
     /// The resources by name.
-    pub fn resources(&self) -> &BTreeMap<String, VersionedResource> {
+    pub fn resources(&self) -> &BTreeMap<String, Arc<VersionedResource>> {
         &self.resources
     }
 
@@ -282,11 +282,11 @@ impl TypeSnapshot {
     /// per-client view of a type without re-encoding or re-hashing its resources. Aliases and
     /// implicit names are not carried over: set them on the view.
     pub fn filtered(&self, mut keep: impl FnMut(&str, &VersionedResource) -> bool) -> Self {
-        let resources: BTreeMap<String, VersionedResource> = self
+        let resources: BTreeMap<String, Arc<VersionedResource>> = self
             .resources
             .iter()
             .filter(|(name, r)| keep(name, r))
-            .map(|(name, r)| (name.clone(), r.clone()))
+            .map(|(name, r)| (name.clone(), Arc::clone(r)))
             .collect();
         let content = content_hash(&resources);
         Self {
@@ -321,7 +321,7 @@ impl Default for TypeSnapshot {
 }
 
 /// Hash of the names and versions of `resources`: a type's content version.
-fn content_hash(resources: &BTreeMap<String, VersionedResource>) -> String {
+fn content_hash(resources: &BTreeMap<String, Arc<VersionedResource>>) -> String {
     let mut h = Sha256::new();
     for (name, r) in resources {
         h.update(name.as_bytes());

@@ -213,11 +213,12 @@ impl SotwType {
     /// The subscribed resources that exist, in name order.
     fn covered<'a>(&self, ts: &'a TypeSnapshot) -> Vec<(&'a String, &'a VersionedResource)> {
         if self.wildcard {
-            ts.resources().iter().collect()
+            ts.resources().iter().map(|(n, r)| (n, &**r)).collect()
         } else {
             self.names
                 .iter()
                 .filter_map(|n| ts.resources().get_key_value(n))
+                .map(|(n, r)| (n, &**r))
                 .collect()
         }
     }
