@@ -13,7 +13,8 @@
 //!
 //! - **CPU to the first full push**: its user + system CPU seconds from its start until every
 //!   client holds every Service and every Pod's workload; with the wall time.
-//! - **Resident memory after sync**: `VmRSS` two seconds after that.
+//! - **Resident memory after sync**: `VmRSS` two seconds after that (and, to tell the
+//!   cluster's objects from what serving the clients costs, before any client connects).
 //! - **Change to every client**: `CHANGES` times (100), one Pod turns not Ready, and once
 //!   every client has seen it, Ready again; the time from the Ready write returning to every
 //!   client holding the Pod healthy, p50 and p99, and the bytes of the responses the clients
@@ -421,6 +422,7 @@ fn rss_mib(pid: u32) -> f64 {
 /// What one control plane measured.
 #[derive(Debug, Clone)]
 struct Figures {
+    rss_idle: f64,
     cpu_to_full: f64,
     wall_to_full: Duration,
     rss_mib: f64,
@@ -437,6 +439,8 @@ async fn measure(
     subject: &Subject,
     tokens: &[String],
 ) -> Result<Figures, Error> {
+    // What the control plane holds before any client: the cluster's objects and its model.
+    let rss_idle = rss_mib(subject.pid);
     let clients: Clients = (0..shape.clients).map(|_| Arc::default()).collect();
     let mut tasks = Vec::new();
     for (k, held) in clients.iter().enumerate() {
@@ -497,6 +501,7 @@ async fn measure(
         latencies[((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1]
     };
     Ok(Figures {
+        rss_idle,
         cpu_to_full,
         wall_to_full,
         rss_mib: rss,
@@ -624,6 +629,13 @@ async fn main() -> Result<(), Error> {
         ours.rss_mib,
         "MiB",
         Some(0.25),
+    );
+    row(
+        "resident memory before any client",
+        theirs.rss_idle,
+        ours.rss_idle,
+        "MiB",
+        None,
     );
     row(
         "CPU to the first full push",

@@ -239,25 +239,39 @@ fn node_view(snapshot: &Snapshot, node: &str, index: &AddressIndex) -> Snapshot 
     // For a node proxy in on-demand mode (ztunnel's XDS_ON_DEMAND, which subscribes to no
     // Address by name at first): its own node's workloads without asking, and every kept
     // workload and service by the names it asks for them by.
-    let mut implicit = Vec::new();
-    let mut aliases = Vec::new();
+    let own = index
+        .by_name
+        .iter()
+        .filter(|(_, e)| e.node.as_deref() == Some(node));
+    let implicit: Vec<String> = own.map(|(name, _)| name.clone()).collect();
+    let kept = kept_addresses(addresses, index, |e| {
+        e.everywhere || e.node.as_deref() == Some(node)
+    });
+    let view = Snapshot::new().with_type(ADDRESS_TYPE_URL, kept.with_implicit(implicit));
+    // Every policy: a GLOBAL or NAMESPACE policy applies to workloads by scope, not by name,
+    // so no subset is safe to leave out.
+    match snapshot.get_type(AUTHORIZATION_TYPE_URL) {
+        Some(policies) => view.with_type(AUTHORIZATION_TYPE_URL, policies.clone()),
+        None => view,
+    }
+}
+
+/// The Addresses of `addresses` whose index entries `keep` selects, each also under the
+/// addresses and host name it alone claims among them: an address or host name that two kept
+/// resources claim stands for neither (a resource that lists one twice claims it once).
+fn kept_addresses(
+    addresses: &TypeSnapshot,
+    index: &AddressIndex,
+    keep: impl Fn(&AddressEntry) -> bool,
+) -> TypeSnapshot {
+    let mut aliases = BTreeSet::new();
     let kept = addresses.filtered(|name, _| {
-        let Some(entry) = index.by_name.get(name) else {
+        let Some(entry) = index.by_name.get(name).filter(|e| keep(e)) else {
             return false;
         };
-        let own = entry.node.as_deref() == Some(node);
-        if own {
-            implicit.push(name.to_owned());
-        }
-        let keep = own || entry.everywhere;
-        if keep {
-            aliases.extend(entry.aliases.iter().map(|a| (a.clone(), name.to_owned())));
-        }
-        keep
+        aliases.extend(entry.aliases.iter().map(|a| (a.clone(), name.to_owned())));
+        true
     });
-    // An address or host name that two resources claim stands for neither (a resource that
-    // lists one twice claims it once).
-    let aliases: BTreeSet<(String, String)> = aliases.into_iter().collect();
     let mut claims: HashMap<&str, usize> = HashMap::new();
     for (alias, _) in &aliases {
         *claims.entry(alias.as_str()).or_default() += 1;
@@ -267,14 +281,7 @@ fn node_view(snapshot: &Snapshot, node: &str, index: &AddressIndex) -> Snapshot 
         .filter(|(alias, _)| claims[alias.as_str()] == 1)
         .cloned()
         .collect();
-    let kept = kept.with_aliases(unique).with_implicit(implicit);
-    let view = Snapshot::new().with_type(ADDRESS_TYPE_URL, kept);
-    // Every policy: a GLOBAL or NAMESPACE policy applies to workloads by scope, not by name,
-    // so no subset is safe to leave out.
-    match snapshot.get_type(AUTHORIZATION_TYPE_URL) {
-        Some(policies) => view.with_type(AUTHORIZATION_TYPE_URL, policies.clone()),
-        None => view,
-    }
+    kept.with_aliases(unique)
 }
 
 /// A gateway's view: everything but Secrets that no Ingress of its class and no Gateway

@@ -489,9 +489,9 @@ fn pod_services(
         if spec.type_.as_deref() == Some("ExternalName") {
             continue;
         }
-        let selector = spec.selector.clone().unwrap_or_default();
-        let selected =
-            !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v));
+        let selected = spec.selector.as_ref().is_some_and(|selector| {
+            !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        });
         let named_by_slice = !selected && slices_name_pod(set, service, pod);
         if !(selected || named_by_slice) {
             continue;
