@@ -183,8 +183,9 @@ pub fn envoy_path() -> PathBuf {
 }
 
 /// The path of a binary of another workspace package, built into the same target folder as
-/// the running test (`target/PROFILE/NAME`). `cargo test --workspace` builds every package's
-/// binaries before any test runs; a package's own binaries are better named with
+/// the running test (`target/PROFILE/NAME`). `cargo test --workspace` builds the binaries of
+/// every package that has integration tests (a package with none gets no binary built) before
+/// any test runs; a package's own binaries are better named with
 /// `env!("CARGO_BIN_EXE_NAME")`.
 ///
 /// # Panics
