@@ -120,7 +120,10 @@ async fn run(args: Args) -> Result<(), Error> {
     // 1. istiod, over TLS verified against the mesh root.
     let root = std::fs::read_to_string(&args.root)
         .map_err(|e| format!("--root {}: {e}", args.root.display()))?;
-    let tls = ControlPlaneTls::from_pem(&root)?.with_server_name(&args.server_name)?;
+    let tls = ControlPlaneTls::from_pem(&root)
+        .map_err(|e| format!("--root {}: {e}", args.root.display()))?
+        .with_server_name(&args.server_name)
+        .map_err(|e| format!("--server-name {:?}: {e}", args.server_name))?;
     let channel = tls.connect_lazy(&args.istiod)?;
 
     // 2. Our own SVID from istiod's CA, for the identity our token proves, kept fresh.
@@ -235,6 +238,7 @@ async fn exchange(client: &Client, endpoint: &Endpoint, me: SpiffeId) -> Result<
     );
     let tunnel = client.open(target).await?;
     let (mut from_tunnel, mut to_tunnel) = tokio::io::split(tunnel);
+    // Either side failing ends both: a reset tunnel is not left waiting on standard input.
     let send = async {
         tokio::io::copy(&mut tokio::io::stdin(), &mut to_tunnel).await?;
         to_tunnel.shutdown().await
@@ -244,8 +248,9 @@ async fn exchange(client: &Client, endpoint: &Endpoint, me: SpiffeId) -> Result<
         tokio::io::copy(&mut from_tunnel, &mut stdout).await?;
         stdout.flush().await
     };
-    let (sent, received) = tokio::join!(send, receive);
-    sent.map_err(|e| format!("sending: {e}"))?;
-    received.map_err(|e| format!("receiving: {e}"))?;
+    tokio::try_join!(
+        async { send.await.map_err(|e| format!("sending: {e}")) },
+        async { receive.await.map_err(|e| format!("receiving: {e}")) },
+    )?;
     Ok(())
 }

@@ -258,9 +258,10 @@ pub fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {
 /// reads (`NAME`, `NAMESPACE`, `INSTANCE_IPS`, `NODE_NAME`, `CLUSTER_ID`, and
 /// `SERVICE_ACCOUNT` when known).
 ///
-/// istiod takes the `ztunnel` prefix as the proxy's type (only ztunnels are sent `Address`
-/// and `Authorization`), checks that `NAMESPACE` is the namespace of the bearer token's
-/// ServiceAccount, and sends the workloads whose `node` is `NODE_NAME` as this node's own.
+/// istiod takes the `ztunnel` prefix as the proxy's type, checks that `NAMESPACE` (and
+/// `SERVICE_ACCOUNT`, when sent) is the bearer token's ServiceAccount's, and trusts a token of
+/// its `CA_TRUSTED_NODE_ACCOUNTS` to ask for the certificates of the workloads on the token's
+/// Pod's node.
 /// meshkit's control plane reads the same node.
 ///
 /// ```
