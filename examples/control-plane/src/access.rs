@@ -39,7 +39,7 @@ use meshkit_mesh::resources::{
 };
 use meshkit_xds_client::SECRET_TYPE_URL;
 use meshkit_xds_server::envoy_types::pb::envoy::config::core::v3::Node;
-use meshkit_xds_server::{AccessPolicy, Snapshot, StreamAccess, TypeSnapshot};
+use meshkit_xds_server::{AccessPolicy, Snapshot, StreamAccess, TypeSnapshot, VersionedResource};
 use prost::Message;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
@@ -85,6 +85,32 @@ struct Views {
     by_role: HashMap<XdsRole, Arc<Snapshot>>,
     /// The source's Addresses, indexed once for every node's view.
     addresses: Option<Arc<AddressIndex>>,
+}
+
+impl Views {
+    /// Makes `snapshot` the source: when only some Addresses changed in place, each node's
+    /// view takes them in place (a Pod turning Ready re-encodes one resource, not every
+    /// node's view); otherwise every view is built anew when asked for.
+    fn advance(&mut self, snapshot: &Arc<Snapshot>) {
+        let changes = match (&self.source, &self.addresses) {
+            (Some(old), Some(index)) => address_changes(old, snapshot, index),
+            _ => None,
+        };
+        self.source = Some(Arc::clone(snapshot));
+        match changes {
+            Some(changes) => {
+                self.by_role
+                    .retain(|role, _| matches!(role, XdsRole::Node(_)));
+                for view in self.by_role.values_mut() {
+                    *view = Arc::new(patched(view, &changes));
+                }
+            }
+            None => {
+                self.by_role.clear();
+                self.addresses = None;
+            }
+        }
+    }
 }
 
 /// One stream's access.
@@ -182,7 +208,7 @@ struct AddressIndex {
     by_name: HashMap<String, AddressEntry>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 struct AddressEntry {
     /// The workload's node; `None` for a service.
     node: Option<String>,
@@ -197,39 +223,113 @@ impl AddressIndex {
         let Some(addresses) = snapshot.get_type(ADDRESS_TYPE_URL) else {
             return Self::default();
         };
-        let by_ip =
-            |network: &str, bytes: &[u8]| ip_from_bytes(bytes).map(|ip| format!("{network}/{ip}"));
         let by_name = addresses
             .resources()
             .iter()
-            .filter_map(|(name, r)| {
-                let entry = match Address::decode(r.resource.value.as_slice()).ok()?.r#type? {
-                    address::Type::Service(svc) => {
-                        let ips = svc.addresses.iter();
-                        let mut aliases: Vec<String> =
-                            ips.filter_map(|a| by_ip(&a.network, &a.address)).collect();
-                        aliases.push(svc.hostname);
-                        AddressEntry {
-                            node: None,
-                            everywhere: true,
-                            aliases,
-                        }
-                    }
-                    address::Type::Workload(w) => AddressEntry {
-                        everywhere: !w.services.is_empty(),
-                        aliases: w
-                            .addresses
-                            .iter()
-                            .filter_map(|a| by_ip(&w.network, a))
-                            .collect(),
-                        node: Some(w.node),
-                    },
-                };
-                Some((name.clone(), entry))
-            })
+            .filter_map(|(name, r)| Some((name.clone(), AddressEntry::of(r)?)))
             .collect();
         Self { by_name }
     }
+}
+
+impl AddressEntry {
+    /// What a view needs of one `Address`; `None` when it does not decode.
+    fn of(resource: &VersionedResource) -> Option<Self> {
+        let by_ip =
+            |network: &str, bytes: &[u8]| ip_from_bytes(bytes).map(|ip| format!("{network}/{ip}"));
+        Some(
+            match Address::decode(resource.resource.value.as_slice())
+                .ok()?
+                .r#type?
+            {
+                address::Type::Service(svc) => {
+                    let ips = svc.addresses.iter();
+                    let mut aliases: Vec<String> =
+                        ips.filter_map(|a| by_ip(&a.network, &a.address)).collect();
+                    aliases.push(svc.hostname);
+                    Self {
+                        node: None,
+                        everywhere: true,
+                        aliases,
+                    }
+                }
+                address::Type::Workload(w) => Self {
+                    everywhere: !w.services.is_empty(),
+                    aliases: w
+                        .addresses
+                        .iter()
+                        .filter_map(|a| by_ip(&w.network, a))
+                        .collect(),
+                    node: Some(w.node),
+                },
+            },
+        )
+    }
+}
+
+/// The Addresses of `new` that differ from those of `old`, when nothing else does: the same
+/// types, every other type equal, the same Address names, and each changed Address the same
+/// to a view as `index` (built from `old`) says, so that every node's view of `new` is its
+/// view of `old` with these in place. `None` otherwise, or when so many changed that
+/// building the views anew costs less.
+fn address_changes(
+    old: &Snapshot,
+    new: &Snapshot,
+    index: &AddressIndex,
+) -> Option<Vec<(String, Arc<VersionedResource>)>> {
+    if !old.type_urls().eq(new.type_urls()) {
+        return None;
+    }
+    let others_equal = new
+        .type_urls()
+        .filter(|url| *url != ADDRESS_TYPE_URL)
+        .all(|url| old.get_type(url) == new.get_type(url));
+    let (before, after) = (
+        old.get_type(ADDRESS_TYPE_URL)?.resources(),
+        new.get_type(ADDRESS_TYPE_URL)?.resources(),
+    );
+    if !others_equal || before.len() != after.len() {
+        return None;
+    }
+    // Past this many, patching every view costs about what building them does.
+    let most = (before.len() / 4).max(16);
+    let mut changed = Vec::new();
+    for ((name, a), (other, b)) in before.iter().zip(after) {
+        if name != other {
+            return None;
+        }
+        if !Arc::ptr_eq(a, b) && a != b {
+            if changed.len() >= most {
+                return None;
+            }
+            let unchanged = index
+                .by_name
+                .get(name)
+                .is_some_and(|e| AddressEntry::of(b).as_ref() == Some(e));
+            if !unchanged {
+                return None;
+            }
+            changed.push((name.clone(), Arc::clone(b)));
+        }
+    }
+    Some(changed)
+}
+
+/// `view` with each of `changed` that it holds put in place.
+fn patched(view: &Snapshot, changed: &[(String, Arc<VersionedResource>)]) -> Snapshot {
+    let Some(addresses) = view.get_type(ADDRESS_TYPE_URL) else {
+        return view.clone();
+    };
+    let held = changed
+        .iter()
+        .filter(|(name, _)| addresses.resources().contains_key(name))
+        .map(|(name, r)| (name.clone(), r.resource.clone()))
+        .collect::<Vec<_>>();
+    if held.is_empty() {
+        return view.clone();
+    }
+    view.clone()
+        .with_type(ADDRESS_TYPE_URL, addresses.clone().with_resources(held))
 }
 
 fn node_view(snapshot: &Snapshot, node: &str, index: &AddressIndex) -> Snapshot {
@@ -573,9 +673,7 @@ impl StreamAccess for ClientAccess {
             .as_ref()
             .is_some_and(|s| Arc::ptr_eq(s, snapshot))
         {
-            views.source = Some(Arc::clone(snapshot));
-            views.by_role.clear();
-            views.addresses = None;
+            views.advance(snapshot);
         }
         if let Some(view) = views.by_role.get(&self.role) {
             return Arc::clone(view);
@@ -712,5 +810,99 @@ spec:
         assert_eq!(all.names(SECRET_TYPE_URL), ["shop/a-tls", "shop/b-tls"]);
         assert!(XdsRole::parse_word("gateway=gw:").is_err());
         assert!(XdsRole::parse_word("gateway=:public").is_err());
+    }
+
+    /// Addresses: a service, a workload behind it on node a, one on node b that no service
+    /// selects; each workload's status and node as given.
+    fn mesh(status: i32, lone_node: &str) -> Snapshot {
+        use meshkit_mesh::proto::workload::{NetworkAddress, Service, Workload};
+        let mut b = SnapshotBuilder::new();
+        b.declare(AUTHORIZATION_TYPE_URL);
+        let service = Service {
+            name: "web".into(),
+            namespace: "shop".into(),
+            hostname: "web.shop.svc.cluster.local".into(),
+            addresses: vec![NetworkAddress {
+                network: String::new(),
+                address: vec![10, 96, 0, 1],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let workload = |uid: &str, node: &str, ip: u8, services: bool| Workload {
+            uid: uid.into(),
+            node: node.into(),
+            addresses: vec![vec![10, 0, 0, ip]],
+            status,
+            services: if services {
+                [(
+                    "shop/web.shop.svc.cluster.local".to_owned(),
+                    Default::default(),
+                )]
+                .into()
+            } else {
+                Default::default()
+            },
+            ..Default::default()
+        };
+        let address = |t| Address { r#type: Some(t) };
+        b.add(
+            ADDRESS_TYPE_URL,
+            "shop/web.shop.svc.cluster.local",
+            &address(address::Type::Service(service)),
+        );
+        b.add(
+            ADDRESS_TYPE_URL,
+            "c//Pod/shop/web-0",
+            &address(address::Type::Workload(workload(
+                "c//Pod/shop/web-0",
+                "a",
+                1,
+                true,
+            ))),
+        );
+        b.add(
+            ADDRESS_TYPE_URL,
+            "c//Pod/shop/lone",
+            &address(address::Type::Workload(workload(
+                "c//Pod/shop/lone",
+                lone_node,
+                2,
+                false,
+            ))),
+        );
+        b.build()
+    }
+
+    #[test]
+    fn views_patched_in_place_are_the_views_built_anew() {
+        let (healthy, unhealthy) = (1, 0);
+        let old = mesh(unhealthy, "b");
+        let index = AddressIndex::of(&old);
+        let changed = mesh(healthy, "b");
+        let changes = address_changes(&old, &changed, &index).expect("only statuses changed");
+        assert_eq!(changes.len(), 2);
+        for node in ["a", "b", "c"] {
+            let role = XdsRole::Node(node.into());
+            assert_eq!(
+                patched(&role.view(&old), &changes),
+                role.view(&changed),
+                "node {node}"
+            );
+        }
+        // A workload that moves to another node changes who is sent it: views are built anew.
+        assert!(address_changes(&old, &mesh(unhealthy, "a"), &index).is_none());
+        // So does any change of another type.
+        let mut b = SnapshotBuilder::new();
+        b.add(AUTHORIZATION_TYPE_URL, "shop/deny", &Address::default());
+        let policies = b.build();
+        let other = mesh(healthy, "b").with_type(
+            AUTHORIZATION_TYPE_URL,
+            policies
+                .get_type(AUTHORIZATION_TYPE_URL)
+                .cloned()
+                .unwrap_or_default(),
+        );
+        assert!(address_changes(&old, &other, &index).is_none());
     }
 }

@@ -122,7 +122,7 @@ pub fn derive(set: &ManifestSet, options: &TranslateOptions) -> Derived {
 
 /// The local network: the [`NETWORK_LABEL`] of the system namespace (the root namespace
 /// here), or empty.
-fn local_network(set: &ManifestSet, options: &TranslateOptions) -> String {
+pub(crate) fn local_network(set: &ManifestSet, options: &TranslateOptions) -> String {
     set.namespaces
         .iter()
         .find(|ns| ns.metadata.name.as_deref() == Some(options.root_namespace.as_str()))

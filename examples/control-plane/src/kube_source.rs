@@ -377,6 +377,29 @@ struct Store {
     listed: BTreeMap<&'static str, bool>,
     /// A kind's objects during a (re)list, swapped in when it ends.
     relisting: BTreeMap<&'static str, BTreeMap<(String, String), Value>>,
+    /// What changed since the last model was handed on.
+    dirty: Dirty,
+}
+
+/// What changed in the store since the last model: Pods whose `status` alone changed, or
+/// anything else.
+#[derive(Debug, Default)]
+struct Dirty {
+    /// Something other than a Pod's status changed: the model is built anew.
+    full: bool,
+    /// Pods (`namespace`, `name`) of which only `status` changed.
+    pod_statuses: BTreeSet<(String, String)>,
+}
+
+/// What the source hands on after a settled burst of changes.
+#[derive(Debug)]
+pub(crate) enum Update {
+    /// The model of everything stored, built anew.
+    Full(Box<Result<ManifestSet, ManifestErrors>>),
+    /// Only the `status` of these Pods changed since the last update, each as the model
+    /// reads it. The receiver may take them in place of a new model, or answer that it
+    /// cannot, and is then handed [`Update::Full`].
+    PodStatuses(Vec<k8s_openapi::api::core::v1::Pod>),
 }
 
 /// The watches of every kind; [`Watches::changed`] wakes on each change of the model,
@@ -457,6 +480,38 @@ impl Watches {
             .map(|k| k.kind)
             .filter(|k| !store.listed.get(k).copied().unwrap_or(false))
             .collect()
+    }
+
+    /// What changed since the last call, and nothing from then on.
+    fn take_dirty(&self) -> Dirty {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut store.dirty)
+    }
+
+    /// The stored Pods `keys`, each as the model reads it; `None` when one is no longer
+    /// stored or the model would not take it alone (as [`ManifestSet::add_object`] says),
+    /// and for no key at all.
+    fn pods(
+        &self,
+        keys: &BTreeSet<(String, String)>,
+    ) -> Option<Vec<k8s_openapi::api::core::v1::Pod>> {
+        if keys.is_empty() {
+            return None;
+        }
+        let values: Vec<(String, Value)> = {
+            let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+            let pods = store.objects.get("Pod")?;
+            keys.iter()
+                .map(|key| Some((format!("Pod {}/{}", key.0, key.1), pods.get(key)?.clone())))
+                .collect::<Option<_>>()?
+        };
+        let mut set = ManifestSet::default();
+        for (origin, value) in values {
+            if !set.add_object(&origin, value).is_empty() {
+                return None;
+            }
+        }
+        set.warnings.is_empty().then_some(set.pods)
     }
 
     /// The model of what is stored now. The objects it refuses are left out, each with a
@@ -597,6 +652,7 @@ async fn watch_kind(
                 let objects = s.relisting.remove(kind.kind).unwrap_or_default();
                 s.objects.insert(kind.kind, objects);
                 s.listed.insert(kind.kind, true);
+                s.dirty.full = true;
                 absent_logged = false;
                 drop(s);
                 metrics.listed(kind.kind);
@@ -609,8 +665,19 @@ async fn watch_kind(
                 let (key, value) = entry(&kind, object);
                 let objects = s.objects.entry(kind.kind).or_default();
                 let change = change_of(&kind, objects.get(&key), &value);
+                if change == Change::Model {
+                    let status_alone = kind.kind == "Pod"
+                        && objects
+                            .get(&key)
+                            .is_some_and(|old| but_status(old) == but_status(&value));
+                    if status_alone {
+                        s.dirty.pod_statuses.insert(key.clone());
+                    } else {
+                        s.dirty.full = true;
+                    }
+                }
                 if change != Change::None {
-                    objects.insert(key, value);
+                    s.objects.entry(kind.kind).or_default().insert(key, value);
                 }
                 drop(s);
                 match change {
@@ -627,6 +694,7 @@ async fn watch_kind(
                     .remove(&key)
                     .is_some()
                 {
+                    s.dirty.full = true;
                     drop(s);
                     changed.notify_one();
                 }
@@ -647,6 +715,7 @@ async fn watch_kind(
                 // removed: what was read stays until a list says otherwise.
                 if !s.listed.get(kind.kind).copied().unwrap_or(false) {
                     s.listed.insert(kind.kind, true);
+                    s.dirty.full = true;
                     drop(s);
                     changed.notify_one();
                 }
@@ -668,15 +737,17 @@ fn change_of(kind: &Kind, old: Option<&Value>, new: &Value) -> Change {
     if old == new {
         return Change::None;
     }
-    fn but_status(v: &Value) -> Option<Vec<(&String, &Value)>> {
-        v.as_object()
-            .map(|o| o.iter().filter(|(k, _)| k.as_str() != "status").collect())
-    }
     if kind.status_written && but_status(old) == but_status(new) {
         Change::Status
     } else {
         Change::Model
     }
+}
+
+/// An object's fields but its `status`.
+fn but_status(v: &Value) -> Option<Vec<(&String, &Value)>> {
+    v.as_object()
+        .map(|o| o.iter().filter(|(k, _)| k.as_str() != "status").collect())
 }
 
 /// The store's key and value of an object: `apiVersion` and `kind` set (list items come
@@ -705,7 +776,7 @@ fn entry(kind: &Kind, object: DynamicObject) -> ((String, String), Value) {
 pub(crate) async fn run(
     config: KubeSourceConfig,
     watches: Watches,
-    mut apply: impl FnMut(Result<ManifestSet, ManifestErrors>),
+    mut apply: impl FnMut(Update) -> bool,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut waiting_logged = false;
@@ -727,6 +798,13 @@ pub(crate) async fn run(
             }
             continue;
         }
-        apply(watches.manifest_set());
+        let dirty = watches.take_dirty();
+        if !dirty.full
+            && let Some(pods) = watches.pods(&dirty.pod_statuses)
+            && apply(Update::PodStatuses(pods))
+        {
+            continue;
+        }
+        apply(Update::Full(Box::new(watches.manifest_set())));
     }
 }

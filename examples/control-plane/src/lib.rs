@@ -84,6 +84,7 @@ pub mod status;
 pub mod tls;
 pub mod translate;
 
+use std::collections::BTreeMap;
 use std::hash::Hasher;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -91,6 +92,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use meshkit_identity::TrustDomain;
+use meshkit_mesh::resources::ADDRESS_TYPE_URL;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -223,6 +225,9 @@ pub struct LoadStatus {
     pub loads: u64,
     /// Loads that succeeded and replaced what is served.
     pub applied: u64,
+    /// Of `applied`, those taken in place (Kubernetes source): Pods whose `status` alone
+    /// changed, each one's workload encoded again and every other resource kept.
+    pub in_place: u64,
     /// The problems of the latest load; empty when it succeeded.
     pub errors: Vec<ManifestError>,
     /// What the latest applied load left out or cannot enforce as written: an object from
@@ -517,6 +522,7 @@ impl ControlPlane {
             nodes: nodes_tx,
             trust_domain: config.trust_domain.clone(),
             writes: None,
+            last: None,
         };
         let mut folder = None;
         match &config.source {
@@ -560,7 +566,7 @@ impl ControlPlane {
                 tasks.push(tokio::spawn(kube_source::run(
                     source,
                     watches,
-                    move |result| applier.apply(result),
+                    move |update| applier.update(update),
                     stopped,
                 )));
             }
@@ -796,9 +802,104 @@ struct Applier {
     trust_domain: TrustDomain,
     /// What status to write, and where to send what each model calls for.
     writes: Option<(status::StatusConfig, watch::Sender<Arc<status::Desired>>)>,
+    /// The model served now, kept to take a change of Pods' status in place; `None` until
+    /// one is served, and after a model was refused.
+    last: Option<Served>,
+}
+
+/// A model as it is served.
+struct Served {
+    set: ManifestSet,
+    derived: ambient::Derived,
+    network: String,
+    /// The keys of the policies each workload names, by uid.
+    workload_policies: BTreeMap<String, Vec<String>>,
+    snapshot: Snapshot,
 }
 
 impl Applier {
+    /// Takes an update of the Kubernetes source; `false` when it is a change of Pods'
+    /// status that the served model cannot take in place (the source then builds a new
+    /// model).
+    fn update(&mut self, update: kube_source::Update) -> bool {
+        match update {
+            kube_source::Update::Full(result) => {
+                self.apply(*result);
+                true
+            }
+            kube_source::Update::PodStatuses(pods) => self.apply_pod_statuses(pods),
+        }
+    }
+
+    /// Serves the model with `pods` in place of the Pods of their names, when that changes
+    /// nothing but each one's workload's status (and the workload's `Address` is all that
+    /// is served anew, each other resource kept as it is): the common case of a Pod turning
+    /// Ready or not Ready takes one workload's encoding rather than a whole model. Anything
+    /// else (a Pod that gains or loses its workload, or changes its addresses) answers
+    /// `false`, and nothing is changed.
+    fn apply_pod_statuses(&mut self, pods: Vec<k8s_openapi::api::core::v1::Pod>) -> bool {
+        let Some(served) = &mut self.last else {
+            return false;
+        };
+        let mut changes = Vec::with_capacity(pods.len());
+        for pod in pods {
+            let Some(at) = served.set.pods.iter().position(|p| {
+                p.metadata.namespace == pod.metadata.namespace
+                    && p.metadata.name == pod.metadata.name
+            }) else {
+                return false;
+            };
+            let new = ambient::pod_workload(&pod, &served.set, &self.translate, &served.network);
+            let old = ambient::pod_workload(
+                &served.set.pods[at],
+                &served.set,
+                &self.translate,
+                &served.network,
+            );
+            let (Some(new), Some(old)) = (new, old) else {
+                return false;
+            };
+            let Ok(index) = served
+                .derived
+                .workloads
+                .binary_search_by(|w| w.workload.uid.cmp(&new.workload.uid))
+            else {
+                return false;
+            };
+            let mut unchanged = new.clone();
+            unchanged.workload.status = old.workload.status;
+            if unchanged != old || served.derived.workloads[index] != old {
+                return false;
+            }
+            changes.push((at, index, pod, new));
+        }
+        let mut addresses = Vec::with_capacity(changes.len());
+        for (at, index, pod, workload) in changes {
+            let address = translate::workload_address(&workload, &served.workload_policies);
+            let any = envoy_types::pb::google::protobuf::Any {
+                type_url: ADDRESS_TYPE_URL.to_owned(),
+                value: prost::Message::encode_to_vec(&address),
+            };
+            addresses.push((workload.workload.uid.clone(), any));
+            served.set.pods[at] = pod;
+            served.derived.workloads[index] = workload;
+        }
+        let types = served.snapshot.get_type(ADDRESS_TYPE_URL);
+        let Some(types) = types.cloned() else {
+            return false;
+        };
+        served.snapshot = std::mem::take(&mut served.snapshot)
+            .with_type(ADDRESS_TYPE_URL, types.with_resources(addresses));
+        self.cache.set(served.snapshot.clone());
+        self.metrics.applied();
+        self.status.send_modify(|status| {
+            status.loads += 1;
+            status.applied += 1;
+            status.in_place += 1;
+        });
+        true
+    }
+
     /// Serves `result` when it is a model; keeps serving the last one on errors.
     fn apply(&mut self, result: Result<ManifestSet, manifests::ManifestErrors>) {
         let mut status = self.status.borrow().clone();
@@ -813,7 +914,8 @@ impl Applier {
                 }
                 status.warnings.clone_from(&set.warnings);
                 let derived = ambient::derive(&set, &self.translate);
-                let snapshot = translate::snapshot_of(&set, &derived, &self.translate);
+                let (snapshot, workload_policies) =
+                    translate::snapshot_with_policies(&set, &derived, &self.translate);
                 let gateway_routes = gateway_api::route_table(&set, &self.translate);
                 gateway_api::log_status(&gateway_routes);
                 status.gateway_api = gateway_api::status_json(&gateway_routes);
@@ -832,7 +934,7 @@ impl Applier {
                     ca::NodeIdentities::of_workloads(&derived.workloads, &self.trust_domain)
                         .with_pods(&set.pods),
                 ));
-                self.cache.set(snapshot);
+                self.cache.set(snapshot.clone());
                 status.applied += 1;
                 status.errors.clear();
                 self.loaded.set_ready();
@@ -849,8 +951,16 @@ impl Applier {
                     http_routes = set.gateway_api.http_routes.len(),
                     "manifests loaded"
                 );
+                self.last = Some(Served {
+                    network: ambient::local_network(&set, &self.translate),
+                    set,
+                    derived,
+                    workload_policies,
+                    snapshot,
+                });
             }
             Err(errors) => {
+                self.last = None;
                 for error in &errors.0 {
                     tracing::warn!(%error, "manifest rejected; still serving the last good configuration");
                 }

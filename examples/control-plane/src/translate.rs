@@ -73,7 +73,7 @@ use meshkit_xds_client::{
 };
 use prost::{Message, Name};
 
-use crate::ambient::{Derived, target_port};
+use crate::ambient::{Derived, MeshWorkload, target_port};
 use crate::manifests::{ManifestSet, ServiceEntry, ServicePort, TlsSecret};
 use meshkit_mesh::proto::security;
 use meshkit_mesh::proto::workload;
@@ -190,6 +190,16 @@ pub fn build_snapshot(set: &ManifestSet, options: &TranslateOptions) -> Snapshot
 
 /// [`build_snapshot`] with the workloads and services already derived from `set`.
 pub fn snapshot_of(set: &ManifestSet, derived: &Derived, options: &TranslateOptions) -> Snapshot {
+    snapshot_with_policies(set, derived, options).0
+}
+
+/// [`snapshot_of`], with the keys of the policies each workload names, by the workload's
+/// uid ([`workload_address`] needs them to encode a workload again).
+pub(crate) fn snapshot_with_policies(
+    set: &ManifestSet,
+    derived: &Derived,
+    options: &TranslateOptions,
+) -> (Snapshot, BTreeMap<String, Vec<String>>) {
     let mut b = SnapshotBuilder::new();
     for url in TYPE_URLS {
         b.declare(url);
@@ -231,7 +241,7 @@ pub fn snapshot_of(set: &ManifestSet, derived: &Derived, options: &TranslateOpti
     add_envoy_gateway(&mut b, set, options);
     let gateway_routes = crate::gateway_api::route_table(set, options);
     crate::gateway_api::add_envoy(&mut b, set, options, &gateway_routes);
-    b.build()
+    (b.build(), policies.workload_policies)
 }
 
 // === workload API ===
@@ -249,16 +259,26 @@ fn add_addresses(
         b.add(ADDRESS_TYPE_URL, &name, &address);
     }
     for w in &derived.workloads {
-        let mut workload = w.workload.clone();
-        workload.authorization_policies = workload_policies
-            .get(&workload.uid)
-            .cloned()
-            .unwrap_or_default();
-        let uid = workload.uid.clone();
-        let address = workload::Address {
-            r#type: Some(workload::address::Type::Workload(workload)),
-        };
-        b.add(ADDRESS_TYPE_URL, &uid, &address);
+        b.add(
+            ADDRESS_TYPE_URL,
+            &w.workload.uid,
+            &workload_address(w, workload_policies),
+        );
+    }
+}
+
+/// The `Address` of workload `w` (named by its uid), with the policies that select it.
+pub(crate) fn workload_address(
+    w: &MeshWorkload,
+    workload_policies: &BTreeMap<String, Vec<String>>,
+) -> workload::Address {
+    let mut workload = w.workload.clone();
+    workload.authorization_policies = workload_policies
+        .get(&workload.uid)
+        .cloned()
+        .unwrap_or_default();
+    workload::Address {
+        r#type: Some(workload::address::Type::Workload(workload)),
     }
 }
 

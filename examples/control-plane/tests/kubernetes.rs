@@ -244,6 +244,42 @@ async fn pods_services_and_endpoint_slices_become_what_a_node_proxy_receives() {
     })
     .await;
 
+    // web-1 turns Ready: its status alone changes, which the control plane takes in place.
+    // What a node proxy is then served, on a stream open before the change and on a new
+    // one, is what a control plane that builds its model anew from the same objects serves.
+    let mut open = support::address_stream(&cp.ads_uri(), NODE_TOKEN, "node-a")
+        .await
+        .expect("a Delta stream");
+    open.answer().await.expect("the first answer");
+    let in_place = cp.status().borrow().in_place;
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    pods.patch_status("web-1", &PatchParams::default(), &Patch::Merge(&ready))
+        .await
+        .expect("web-1 Ready");
+    let served = until(&cp, "web-1 healthy", |all| {
+        matches!(all.get(&pod_uid("shop", "web-1")),
+            Some(address::Type::Workload(w)) if w.status == workload::WorkloadStatus::Healthy as i32)
+    })
+    .await;
+    assert_eq!(cp.status().borrow().in_place, in_place + 1);
+    let pushed = open.next_address(&pod_uid("shop", "web-1")).await;
+    assert_eq!(
+        Some(&pushed),
+        served.get(&pod_uid("shop", "web-1")),
+        "the open stream is pushed web-1 as a new one receives it"
+    );
+    let fresh = start_control_plane(ControlPlaneConfig::kubernetes(KubeSourceConfig::new(
+        api.client(),
+    )))
+    .await;
+    let anew = until(&fresh, "a model built anew", |all| {
+        all.contains_key(&pod_uid("shop", "web-1"))
+    })
+    .await;
+    assert_eq!(served, anew);
+    assert_eq!(*cp.cache().current(), *fresh.cache().current());
+    fresh.shutdown().await;
+
     // Terminating: UNHEALTHY while it stops.
     pods.delete("web-0", &DeleteParams::default())
         .await

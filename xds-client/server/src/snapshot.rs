@@ -34,12 +34,21 @@ pub struct TypeSnapshot {
 }
 
 /// A resource and its content version.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct VersionedResource {
     /// Hash of the encoded resource.
     pub version: String,
     /// The resource.
     pub resource: Any,
+}
+
+/// Equal when the same resource is shared (one snapshot derived from another holds the
+/// resources it did not change by reference), else when version and resource are equal.
+impl PartialEq for VersionedResource {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+            || (self.version == other.version && self.resource == other.resource)
+    }
 }
 
 /// Every resource served, per type URL. Build one with [`SnapshotBuilder`], or from
@@ -227,6 +236,23 @@ impl TypeSnapshot {
         self
     }
 
+    /// The same type with each of `resources` added, or put in place of the resource of its
+    /// name; every other resource is kept as it is (by reference), and the type's version is
+    /// recomputed unless it was set explicitly. Aliases and implicit names are kept, minus
+    /// those that no longer hold.
+    pub fn with_resources(mut self, resources: impl IntoIterator<Item = (String, Any)>) -> Self {
+        for (name, resource) in resources {
+            let version = hash_hex(&resource.value);
+            self.resources
+                .insert(name, Arc::new(VersionedResource { version, resource }));
+        }
+        let held = &self.resources;
+        self.aliases
+            .retain(|alias, name| !held.contains_key(alias) && held.contains_key(name));
+        self.rehash();
+        self
+    }
+
     /// The resource name `alias` stands for ([`with_aliases`](Self::with_aliases)).
     pub fn alias(&self, alias: &str) -> Option<&str> {
         self.aliases.get(alias).map(String::as_str)
@@ -239,9 +265,18 @@ impl TypeSnapshot {
 
     /// Recomputes the content hash (and the version, unless explicit) with the aliases and
     /// implicit names, so that a change of either alone is seen as a change of the type.
+    /// Without either, the content hash is that of the resources alone, as [`Self::new`]
+    /// computes it.
     fn rehash(&mut self) {
+        self.content = content_hash(&self.resources);
+        if !self.explicit {
+            self.version = self.content.clone();
+        }
+        if self.aliases.is_empty() && self.implicit.is_empty() {
+            return;
+        }
         let mut h = Sha256::new();
-        h.update(content_hash(&self.resources).as_bytes());
+        h.update(self.content.as_bytes());
         for (alias, name) in &self.aliases {
             h.update([1]);
             h.update(alias.as_bytes());
@@ -426,6 +461,39 @@ mod tests {
         let plain = Snapshot::new().with_type(A, TypeSnapshot::new([("a".into(), any(b"1"))]));
         assert_eq!(s.get(A, "a"), plain.get(A, "a"));
         assert_ne!(s, plain);
+    }
+
+    #[test]
+    fn resources_put_in_place_keep_the_others_by_reference() {
+        let before = TypeSnapshot::new([("a".into(), any(b"1")), ("b".into(), any(b"2"))])
+            .with_aliases([("alias-of-b".into(), "b".into())]);
+        let after = before
+            .clone()
+            .with_resources([("a".into(), any(b"3")), ("c".into(), any(b"4"))]);
+        assert!(Arc::ptr_eq(
+            &before.resources()["b"],
+            &after.resources()["b"]
+        ));
+        assert_ne!(before.resources()["a"], after.resources()["a"]);
+        assert_eq!(after.resources()["c"].resource.value, b"4");
+        assert_eq!(after.alias("alias-of-b"), Some("b"));
+        assert_ne!(before.version(), after.version());
+        // Built whole from the same resources, the version is the same, with or without
+        // aliases.
+        let plain = TypeSnapshot::new([("a".into(), any(b"1"))]);
+        let put = plain.clone().with_resources([("a".into(), any(b"1"))]);
+        assert_eq!((put.version(), &put), (plain.version(), &plain));
+        let whole = TypeSnapshot::new([
+            ("a".into(), any(b"3")),
+            ("b".into(), any(b"2")),
+            ("c".into(), any(b"4")),
+        ])
+        .with_aliases([("alias-of-b".into(), "b".into())]);
+        assert_eq!(whole, after);
+        assert_eq!(whole.version(), after.version());
+        // An alias that a resource's name now takes stands for nothing.
+        let taken = after.with_resources([("alias-of-b".into(), any(b"5"))]);
+        assert_eq!(taken.alias("alias-of-b"), None);
     }
 
     #[test]

@@ -227,15 +227,32 @@ status:
   podIPs: [{ip: 10.1.0.4}]
   conditions: [{type: Ready, status: "True"}]
 "#;
-
-/// The first Address answer of a new Delta stream to the plaintext ADS server at `ads_uri`,
-/// as node `node` presenting `token`: a wildcard subscription, as a node proxy's; or the
-/// status the stream ends with.
+/// A Delta stream of `Address` (every one, `*`) as node proxy `node` with `token`, with
+/// its first answer.
 pub(crate) async fn first_address_answer(
     ads_uri: &str,
     token: &str,
     node: &str,
 ) -> Result<envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse, tonic::Status> {
+    let mut stream = address_stream(ads_uri, token, node).await?;
+    stream.answer().await
+}
+
+/// An open Delta stream of `Address` that ACKs what it receives.
+pub(crate) struct AddressStream {
+    tx: tokio::sync::mpsc::Sender<
+        envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest,
+    >,
+    stream:
+        tonic::Streaming<envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse>,
+}
+
+/// Opens a Delta stream of every `Address` as node proxy `node` with `token`.
+pub(crate) async fn address_stream(
+    ads_uri: &str,
+    token: &str,
+    node: &str,
+) -> Result<AddressStream, tonic::Status> {
     use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
     use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -244,7 +261,7 @@ pub(crate) async fn first_address_answer(
         .connect_lazy();
     let credentials = meshkit_xds_client::CallCredentials::bearer_token(token).expect("token");
     let mut client = AggregatedDiscoveryServiceClient::with_interceptor(channel, credentials);
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(DeltaDiscoveryRequest {
         node: Some(Node {
             id: node.to_owned(),
@@ -256,12 +273,49 @@ pub(crate) async fn first_address_answer(
     })
     .await
     .expect("queue");
-    let mut stream = client
+    let stream = client
         .delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await?
         .into_inner();
-    let response = tokio::time::timeout(std::time::Duration::from_secs(20), stream.message())
-        .await
-        .expect("an answer")?;
-    Ok(response.expect("a response"))
+    Ok(AddressStream { tx, stream })
+}
+
+impl AddressStream {
+    /// The next answer (within 20 s), ACKed.
+    pub(crate) async fn answer(
+        &mut self,
+    ) -> Result<envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse, tonic::Status>
+    {
+        let response =
+            tokio::time::timeout(std::time::Duration::from_secs(20), self.stream.message())
+                .await
+                .expect("an answer")?
+                .expect("a response");
+        let ack = envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest {
+            type_url: response.type_url.clone(),
+            response_nonce: response.nonce.clone(),
+            ..Default::default()
+        };
+        // A stream that ends here reports it at the next answer.
+        let _ = self.tx.send(ack).await;
+        Ok(response)
+    }
+
+    /// The resource `name` as the next answer that holds it has it (earlier answers skipped).
+    pub(crate) async fn next_address(
+        &mut self,
+        name: &str,
+    ) -> meshkit_mesh::proto::workload::address::Type {
+        loop {
+            let response = self.answer().await.expect("the stream stays open");
+            if let Some(r) = response.resources.into_iter().find(|r| r.name == name) {
+                let any = r.resource.expect("a resource body");
+                let address = <meshkit_mesh::proto::workload::Address as prost::Message>::decode(
+                    any.value.as_slice(),
+                )
+                .expect("an Address");
+                return address.r#type.expect("a workload or service");
+            }
+        }
+    }
 }
