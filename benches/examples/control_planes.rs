@@ -22,6 +22,9 @@
 //! - **CPU per change**: the control plane's CPU seconds over the change loop, per change
 //!   (each change is two transitions).
 //!
+//! `MESHKIT_ONLY=1` measures meshkit's control plane alone (to profile it; the ratios need
+//! both). `CONTROL_PLANE_LOG=FILTER` runs it with that log filter and keeps its log.
+//!
 //! What each sends differs by design (docs/control-plane.md): istiod sends every ztunnel every
 //! workload; meshkit sends a node its own workloads and the endpoints of Services, which here
 //! are all of them.
@@ -532,7 +535,10 @@ async fn start_meshkit(
         .arg("--root-out")
         .arg(&root)
         .arg("--no-status")
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("CONTROL_PLANE_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .spawn()?;
@@ -607,7 +613,14 @@ async fn main() -> Result<(), Error> {
     let (process, subject) = start_meshkit(&api, &dir).await?;
     let ours = measure(&api, shape, &subject, &tokens).await?;
     drop(process);
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os("CONTROL_PLANE_LOG").is_some() {
+        eprintln!(
+            "control plane's log: {}",
+            dir.join("control-plane.log").display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     let Some(theirs) = theirs else {
         println!("{ours:#?}");
         return Ok(());

@@ -508,10 +508,15 @@ impl Watches {
         let mut set = ManifestSet::default();
         for (origin, value) in values {
             if !set.add_object(&origin, value).is_empty() {
+                tracing::debug!(%origin, "a Pod the model refuses: building a new model");
                 return None;
             }
         }
-        set.warnings.is_empty().then_some(set.pods)
+        if !set.warnings.is_empty() {
+            tracing::debug!(warnings = ?set.warnings, "Pods with warnings: building a new model");
+            return None;
+        }
+        Some(set.pods)
     }
 
     /// The model of what is stored now. The objects it refuses are left out, each with a
@@ -669,7 +674,7 @@ async fn watch_kind(
                     let status_alone = kind.kind == "Pod"
                         && objects
                             .get(&key)
-                            .is_some_and(|old| but_status(old) == but_status(&value));
+                            .is_some_and(|old| same_but_status(old, &value));
                     if status_alone {
                         s.dirty.pod_statuses.insert(key.clone());
                     } else {
@@ -737,17 +742,24 @@ fn change_of(kind: &Kind, old: Option<&Value>, new: &Value) -> Change {
     if old == new {
         return Change::None;
     }
-    if kind.status_written && but_status(old) == but_status(new) {
+    if kind.status_written && same_but_status(old, new) {
         Change::Status
     } else {
         Change::Model
     }
 }
 
-/// An object's fields but its `status`.
-fn but_status(v: &Value) -> Option<Vec<(&String, &Value)>> {
-    v.as_object()
-        .map(|o| o.iter().filter(|(k, _)| k.as_str() != "status").collect())
+/// Whether two objects are the same but for their `status` (in whatever order their
+/// fields come: a list and a watch event need not give them in the same order).
+fn same_but_status(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    let fields = |o: &serde_json::Map<String, Value>| o.keys().filter(|k| *k != "status").count();
+    fields(a) == fields(b)
+        && a.iter()
+            .filter(|(k, _)| *k != "status")
+            .all(|(k, v)| b.get(k) == Some(v))
 }
 
 /// The store's key and value of an object: `apiVersion` and `kind` set (list items come
@@ -799,6 +811,10 @@ pub(crate) async fn run(
             continue;
         }
         let dirty = watches.take_dirty();
+        if !dirty.full && dirty.pod_statuses.is_empty() {
+            // A wake-up left from changes that the last model already holds.
+            continue;
+        }
         if !dirty.full
             && let Some(pods) = watches.pods(&dirty.pod_statuses)
             && apply(Update::PodStatuses(pods))
@@ -806,5 +822,42 @@ pub(crate) async fn run(
             continue;
         }
         apply(Update::Full(Box::new(watches.manifest_set())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_change_of_status_alone_is_told_whatever_the_order_of_fields() {
+        let listed =
+            json!({"metadata": {"name": "a"}, "spec": {"x": 1}, "status": {"ready": true}});
+        let mut event = serde_json::Map::new();
+        event.insert("status".into(), json!({"ready": false}));
+        event.insert("spec".into(), json!({"x": 1}));
+        event.insert("metadata".into(), json!({"name": "a"}));
+        let event = Value::Object(event);
+        assert!(same_but_status(&listed, &event));
+        let pods = KINDS
+            .iter()
+            .find(|k| k.kind == "Pod")
+            .copied()
+            .expect("Pods");
+        let gateways = KINDS
+            .iter()
+            .find(|k| k.kind == "Gateway")
+            .copied()
+            .expect("Gateways");
+        assert_eq!(change_of(&gateways, Some(&listed), &event), Change::Status);
+        // A Pod's status is part of the model.
+        assert_eq!(change_of(&pods, Some(&listed), &event), Change::Model);
+        let respec =
+            json!({"metadata": {"name": "a"}, "spec": {"x": 2}, "status": {"ready": true}});
+        assert!(!same_but_status(&listed, &respec));
+        let relabel =
+            json!({"metadata": {"name": "a"}, "spec": {"x": 1}, "extra": 1, "status": {}});
+        assert!(!same_but_status(&listed, &relabel));
     }
 }

@@ -817,6 +817,35 @@ struct Served {
     snapshot: Snapshot,
 }
 
+impl Served {
+    /// Where `pod` goes in place of the Pod of its name (its index in the model's Pods and
+    /// its workload's in the workloads), and its workload: when the workload it had and the
+    /// one it has differ in status alone. Otherwise why not.
+    fn in_place(
+        &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        options: &TranslateOptions,
+    ) -> Result<(usize, usize, ambient::MeshWorkload), &'static str> {
+        let (name, namespace) = (&pod.metadata.name, &pod.metadata.namespace);
+        let at = (self.set.pods.iter())
+            .position(|p| p.metadata.namespace == *namespace && p.metadata.name == *name)
+            .ok_or("a Pod the model does not hold")?;
+        let derive = |pod| ambient::pod_workload(pod, &self.set, options, &self.network);
+        let (Some(new), Some(old)) = (derive(pod), derive(&self.set.pods[at])) else {
+            return Err("a Pod that gains or loses its workload");
+        };
+        let index = (self.derived.workloads)
+            .binary_search_by(|w| w.workload.uid.cmp(&new.workload.uid))
+            .map_err(|_| "a workload the model does not hold")?;
+        let mut unchanged = new.clone();
+        unchanged.workload.status = old.workload.status;
+        if unchanged != old || self.derived.workloads[index] != old {
+            return Err("a workload that changes more than its status");
+        }
+        Ok((at, index, new))
+    }
+}
+
 impl Applier {
     /// Takes an update of the Kubernetes source; `false` when it is a change of Pods'
     /// status that the served model cannot take in place (the source then builds a new
@@ -843,35 +872,13 @@ impl Applier {
         };
         let mut changes = Vec::with_capacity(pods.len());
         for pod in pods {
-            let Some(at) = served.set.pods.iter().position(|p| {
-                p.metadata.namespace == pod.metadata.namespace
-                    && p.metadata.name == pod.metadata.name
-            }) else {
-                return false;
-            };
-            let new = ambient::pod_workload(&pod, &served.set, &self.translate, &served.network);
-            let old = ambient::pod_workload(
-                &served.set.pods[at],
-                &served.set,
-                &self.translate,
-                &served.network,
-            );
-            let (Some(new), Some(old)) = (new, old) else {
-                return false;
-            };
-            let Ok(index) = served
-                .derived
-                .workloads
-                .binary_search_by(|w| w.workload.uid.cmp(&new.workload.uid))
-            else {
-                return false;
-            };
-            let mut unchanged = new.clone();
-            unchanged.workload.status = old.workload.status;
-            if unchanged != old || served.derived.workloads[index] != old {
-                return false;
+            match served.in_place(&pod, &self.translate) {
+                Ok((at, index, workload)) => changes.push((at, index, pod, workload)),
+                Err(why) => {
+                    tracing::debug!(pod = ?pod.metadata.name, why, "building a new model");
+                    return false;
+                }
             }
-            changes.push((at, index, pod, new));
         }
         let mut addresses = Vec::with_capacity(changes.len());
         for (at, index, pod, workload) in changes {

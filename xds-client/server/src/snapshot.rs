@@ -243,12 +243,11 @@ impl TypeSnapshot {
     pub fn with_resources(mut self, resources: impl IntoIterator<Item = (String, Any)>) -> Self {
         for (name, resource) in resources {
             let version = hash_hex(&resource.value);
+            // No resource is removed: only an alias that is now a resource's name goes.
+            self.aliases.remove(&name);
             self.resources
                 .insert(name, Arc::new(VersionedResource { version, resource }));
         }
-        let held = &self.resources;
-        self.aliases
-            .retain(|alias, name| !held.contains_key(alias) && held.contains_key(name));
         self.rehash();
         self
     }
