@@ -20,6 +20,10 @@
 //!   nothing.
 //! - Changes are gathered for [`KubeSourceConfig::settle`] (100 ms by default) before a
 //!   snapshot is built, so a burst of events (a Deployment's Pods starting) makes one push.
+//!   A change of Pods' `status` alone is handed on as such, for the model to take in place,
+//!   and as soon as the last update is a settle time old: at once after a quiet spell, and
+//!   never more than one per settle time (istiod, with `PILOT_ENABLE_EDS_DEBOUNCE=false`,
+//!   also pushes endpoint changes without waiting for a burst to end).
 //! - Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
 //!   reaches the control plane's memory.
 //!
@@ -198,7 +202,8 @@ const fn kind(
 pub struct KubeSourceConfig {
     /// The client.
     pub client: kube::Client,
-    /// How long changes are gathered before a snapshot is built. Default 100 ms.
+    /// How long changes are gathered before a snapshot is built. Default 100 ms. A change
+    /// of Pods' status alone waits only until the last update is this old.
     pub settle: Duration,
     /// What status is written back, and who writes it ([`crate::status`]). Default
     /// [`StatusConfig::default`]: every status, by this control plane alone; `None` writes
@@ -480,6 +485,12 @@ impl Watches {
             .map(|k| k.kind)
             .filter(|k| !store.listed.get(k).copied().unwrap_or(false))
             .collect()
+    }
+
+    /// Whether what changed since the last model is some Pods' status and nothing else.
+    fn pod_statuses_alone(&self) -> bool {
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        !store.dirty.full && !store.dirty.pod_statuses.is_empty()
     }
 
     /// What changed since the last call, and nothing from then on.
@@ -792,15 +803,28 @@ pub(crate) async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut waiting_logged = false;
+    // When the last update was handed on.
+    let mut last: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = watches.changed() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        // Gather the rest of the burst.
-        tokio::select! {
-            () = tokio::time::sleep(config.settle) => {}
-            _ = stop.wait_for(|s| *s) => return,
+        // A change of Pods' status alone goes on as soon as the last update is a settle time
+        // old: taken in place, it costs little, and it is what a node proxy waits for when a
+        // Pod turns Ready. Any other change waits a settle time for the rest of its burst.
+        let wait = if watches.pod_statuses_alone() {
+            last.map_or(Duration::ZERO, |at| {
+                config.settle.saturating_sub(at.elapsed())
+            })
+        } else {
+            config.settle
+        };
+        if !wait.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
         }
         let unlisted = watches.unlisted();
         if !unlisted.is_empty() {
@@ -815,6 +839,7 @@ pub(crate) async fn run(
             // A wake-up left from changes that the last model already holds.
             continue;
         }
+        last = Some(tokio::time::Instant::now());
         if !dirty.full
             && let Some(pods) = watches.pods(&dirty.pod_statuses)
             && apply(Update::PodStatuses(pods))
