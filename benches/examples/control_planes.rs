@@ -36,7 +36,6 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -283,36 +282,16 @@ async fn run_client(
     let credentials = meshkit_xds_client::CallCredentials::bearer_token(&token)?;
     let mut client = AggregatedDiscoveryServiceClient::with_interceptor(channel, credentials)
         .max_decoding_message_size(64 << 20);
-    let string = |s: String| Value {
-        kind: Some(Kind::StringValue(s)),
-    };
-    let pod = format!("ztunnel-{k}");
-    let namespace = NODE_ACCOUNT.0;
-    let node = Node {
-        id: format!(
-            "ztunnel~10.250.0.{}~{pod}.{namespace}~{namespace}.svc.cluster.local",
-            k + 1
-        ),
-        metadata: Some(Struct {
-            fields: [
-                ("NAME".to_owned(), string(pod.clone())),
-                ("NAMESPACE".to_owned(), string(namespace.to_owned())),
-                (
-                    "INSTANCE_IPS".to_owned(),
-                    string(format!("10.250.0.{}", k + 1)),
-                ),
-                ("NODE_NAME".to_owned(), string(format!("node-{k}"))),
-                ("CLUSTER_ID".to_owned(), string(CLUSTER_ID.to_owned())),
-                (
-                    "SERVICE_ACCOUNT".to_owned(),
-                    string(NODE_ACCOUNT.1.to_owned()),
-                ),
-            ]
-            .into_iter()
-            .collect(),
-        }),
-        ..Node::default()
-    };
+    let ip = std::net::Ipv4Addr::new(10, 250, 0, u8::try_from(k + 1)?);
+    let node: Node = meshkit_mesh::feed::ProxyNode::new(
+        format!("node-{k}"),
+        format!("ztunnel-{k}"),
+        NODE_ACCOUNT.0,
+        ip.into(),
+    )
+    .with_cluster_id(CLUSTER_ID)
+    .with_service_account(NODE_ACCOUNT.1)
+    .to_node();
     let (requests, rx) = tokio::sync::mpsc::unbounded_channel();
     for (i, type_url) in [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL]
         .into_iter()

@@ -203,30 +203,18 @@ async fn ztunnel_view(channel: tonic::transport::Channel, token: &str) -> View {
     use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
     use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
     use meshkit_mesh::resources::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
     use prost::Message as _;
-    let string = |s: &str| Value {
-        kind: Some(Kind::StringValue(s.to_owned())),
-    };
     // ztunnel's node: `ztunnel~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN` and its metadata.
-    let node = Node {
-        id: "ztunnel~10.0.0.10~ztunnel-a.istio-system~istio-system.svc.cluster.local".into(),
-        metadata: Some(Struct {
-            fields: [
-                ("NAME", "ztunnel-a"),
-                ("NAMESPACE", "istio-system"),
-                ("INSTANCE_IPS", "10.0.0.10"),
-                ("NODE_NAME", "node-a"),
-                ("CLUSTER_ID", CLUSTER_ID),
-                ("SERVICE_ACCOUNT", "ztunnel"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), string(v)))
-            .collect(),
-        }),
-        ..Node::default()
-    };
+    let node: Node = meshkit_mesh::feed::ProxyNode::new(
+        "node-a",
+        "ztunnel-a",
+        "istio-system",
+        [10, 0, 0, 10].into(),
+    )
+    .with_cluster_id(CLUSTER_ID)
+    .with_service_account("ztunnel")
+    .to_node();
     let credentials = meshkit_xds_client::CallCredentials::bearer_token(token).expect("token");
     let mut client = AggregatedDiscoveryServiceClient::with_interceptor(channel, credentials);
     let (requests, rx) = tokio::sync::mpsc::unbounded_channel();
