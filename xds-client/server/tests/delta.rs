@@ -108,6 +108,10 @@ fn only_changed_resources_and_removed_names_are_sent() {
         ]))
         .is_empty()
     );
+    // A name gone with nothing added or changed.
+    let out = st.poll(&snapshot(&[(A, "a2", b"changed"), (A, "a4", b"4")]));
+    assert!(out[0].resources.is_empty());
+    assert_eq!(out[0].removed_resources, ["a1"]);
 }
 
 #[test]
