@@ -39,7 +39,9 @@ use meshkit_mesh::resources::{
 };
 use meshkit_xds_client::SECRET_TYPE_URL;
 use meshkit_xds_server::envoy_types::pb::envoy::config::core::v3::Node;
-use meshkit_xds_server::{AccessPolicy, Snapshot, StreamAccess, TypeSnapshot, VersionedResource};
+use meshkit_xds_server::{
+    AccessPolicy, Change, Snapshot, StreamAccess, TypeSnapshot, VersionedResource,
+};
 use prost::Message;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
@@ -226,7 +228,7 @@ impl AddressIndex {
         let by_name = addresses
             .resources()
             .iter()
-            .filter_map(|(name, r)| Some((name.clone(), AddressEntry::of(r)?)))
+            .filter_map(|(name, r)| Some((name.to_owned(), AddressEntry::of(r)?)))
             .collect();
         Self { by_name }
     }
@@ -288,29 +290,29 @@ fn address_changes(
         old.get_type(ADDRESS_TYPE_URL)?.resources(),
         new.get_type(ADDRESS_TYPE_URL)?.resources(),
     );
-    if !others_equal || before.len() != after.len() {
+    if !others_equal {
         return None;
     }
     // Past this many, patching every view costs about what building them does.
     let most = (before.len() / 4).max(16);
     let mut changed = Vec::new();
-    for ((name, a), (other, b)) in before.iter().zip(after) {
-        if name != other {
+    // What the two share is not looked at: a snapshot with some Addresses put in place
+    // costs what changed.
+    for change in before.diff(after) {
+        let Change::Put(name, b) = change else {
+            return None;
+        };
+        if changed.len() >= most || !before.contains_key(name) {
             return None;
         }
-        if !Arc::ptr_eq(a, b) && a != b {
-            if changed.len() >= most {
-                return None;
-            }
-            let unchanged = index
-                .by_name
-                .get(name)
-                .is_some_and(|e| AddressEntry::of(b).as_ref() == Some(e));
-            if !unchanged {
-                return None;
-            }
-            changed.push((name.clone(), Arc::clone(b)));
+        let unchanged = index
+            .by_name
+            .get(name)
+            .is_some_and(|e| AddressEntry::of(b).as_ref() == Some(e));
+        if !unchanged {
+            return None;
         }
+        changed.push((name.to_owned(), Arc::clone(b)));
     }
     Some(changed)
 }
@@ -323,13 +325,13 @@ fn patched(view: &Snapshot, changed: &[(String, Arc<VersionedResource>)]) -> Sna
     let held = changed
         .iter()
         .filter(|(name, _)| addresses.resources().contains_key(name))
-        .map(|(name, r)| (name.clone(), r.resource.clone()))
+        .map(|(name, r)| (name.clone(), Arc::clone(r)))
         .collect::<Vec<_>>();
     if held.is_empty() {
         return view.clone();
     }
     view.clone()
-        .with_type(ADDRESS_TYPE_URL, addresses.clone().with_resources(held))
+        .with_type(ADDRESS_TYPE_URL, addresses.clone().with_versioned(held))
 }
 
 fn node_view(snapshot: &Snapshot, node: &str, index: &AddressIndex) -> Snapshot {

@@ -50,7 +50,7 @@ impl Dump {
             let resources: serde_json::Map<String, Value> = ts
                 .resources()
                 .iter()
-                .map(|(name, r)| (name.clone(), Value::String(r.version.clone())))
+                .map(|(name, r)| (name.to_owned(), Value::String(r.version.clone())))
                 .collect();
             types.insert(
                 url.to_owned(),

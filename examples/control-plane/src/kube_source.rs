@@ -21,9 +21,10 @@
 //! - Changes are gathered for [`KubeSourceConfig::settle`] (100 ms by default) before a
 //!   snapshot is built, so a burst of events (a Deployment's Pods starting) makes one push.
 //!   A change of Pods' `status` alone is handed on as such, for the model to take in place,
-//!   and as soon as the last update is a settle time old: at once after a quiet spell, and
-//!   never more than one per settle time (istiod, with `PILOT_ENABLE_EDS_DEBOUNCE=false`,
-//!   also pushes endpoint changes without waiting for a burst to end).
+//!   and as soon as the last update is [`KubeSourceConfig::status_interval`] (10 ms) old: at
+//!   once after a quiet spell, and never more than one per interval (istiod, with
+//!   `PILOT_ENABLE_EDS_DEBOUNCE=false`, also pushes endpoint changes without waiting for a
+//!   burst to end).
 //! - Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
 //!   reaches the control plane's memory.
 //!
@@ -35,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{Api, ApiResource, GroupVersionKind, ObjectMeta};
 use kube::client::ConfigExt as _;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher;
@@ -202,9 +203,12 @@ const fn kind(
 pub struct KubeSourceConfig {
     /// The client.
     pub client: kube::Client,
-    /// How long changes are gathered before a snapshot is built. Default 100 ms. A change
-    /// of Pods' status alone waits only until the last update is this old.
+    /// How long changes are gathered before a snapshot is built. Default 100 ms.
     pub settle: Duration,
+    /// A change of Pods' status alone is not gathered: it goes on as soon as the last update
+    /// is this old. Default 10 ms: it is taken in place, at a cost in proportion to the
+    /// change, and a node proxy waits for it when a Pod turns Ready.
+    pub status_interval: Duration,
     /// What status is written back, and who writes it ([`crate::status`]). Default
     /// [`StatusConfig::default`]: every status, by this control plane alone; `None` writes
     /// nothing.
@@ -215,6 +219,7 @@ impl std::fmt::Debug for KubeSourceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeSourceConfig")
             .field("settle", &self.settle)
+            .field("status_interval", &self.status_interval)
             .field("status", &self.status)
             .finish_non_exhaustive()
     }
@@ -226,6 +231,7 @@ impl KubeSourceConfig {
         Self {
             client,
             settle: Duration::from_millis(100),
+            status_interval: Duration::from_millis(10),
             status: Some(StatusConfig::default()),
         }
     }
@@ -647,7 +653,7 @@ async fn watch_kind(
     [changed, status_changed]: [Arc<Notify>; 2],
     metrics: KubeMetrics,
 ) {
-    let api: Api<DynamicObject> = Api::all_with(client, &kind.api_resource());
+    let api: Api<RawObject> = Api::all_with(client, &kind.api_resource());
     let mut config = watcher::Config::default();
     if let Some(fields) = kind.fields {
         config = config.fields(fields);
@@ -773,16 +779,72 @@ fn same_but_status(a: &Value, b: &Value) -> bool {
             .all(|(k, v)| b.get(k) == Some(v))
 }
 
+/// An object as the API server sends it: parsed once into a JSON value, with its metadata
+/// read from it for the watcher (which tracks `resourceVersion`). The store keeps the value.
+#[derive(Clone, Debug)]
+struct RawObject {
+    metadata: ObjectMeta,
+    value: Value,
+}
+
+impl<'de> serde::Deserialize<'de> for RawObject {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let value = Value::deserialize(d)?;
+        let metadata = match value.get("metadata") {
+            Some(meta) => ObjectMeta::deserialize(meta).map_err(D::Error::custom)?,
+            None => ObjectMeta::default(),
+        };
+        Ok(Self { metadata, value })
+    }
+}
+
+impl kube::Resource for RawObject {
+    type DynamicType = ApiResource;
+    type Scope = kube::core::DynamicResourceScope;
+
+    fn group(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+
+    fn version(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+
+    fn kind(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+
+    fn api_version(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+
+    fn plural(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// The store's key and value of an object: `apiVersion` and `kind` set (list items come
 /// without them); `managedFields` left out (nothing reads them, and they are often the larger
 /// part of an object), and `resourceVersion` (it changes with every write, a status write
 /// too, and nothing served depends on it).
-fn entry(kind: &Kind, object: DynamicObject) -> ((String, String), Value) {
+fn entry(kind: &Kind, object: RawObject) -> ((String, String), Value) {
+    let RawObject {
+        metadata,
+        mut value,
+    } = object;
     let key = (
-        object.metadata.namespace.clone().unwrap_or_default(),
-        object.metadata.name.clone().unwrap_or_default(),
+        metadata.namespace.unwrap_or_default(),
+        metadata.name.unwrap_or_default(),
     );
-    let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
     if let Value::Object(map) = &mut value {
         map.insert("apiVersion".into(), Value::String(kind.api_version()));
         map.insert("kind".into(), Value::String(kind.kind.to_owned()));
@@ -810,12 +872,13 @@ pub(crate) async fn run(
             () = watches.changed() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        // A change of Pods' status alone goes on as soon as the last update is a settle time
-        // old: taken in place, it costs little, and it is what a node proxy waits for when a
-        // Pod turns Ready. Any other change waits a settle time for the rest of its burst.
+        // A change of Pods' status alone goes on as soon as the last update is a status
+        // interval old: taken in place, it costs little, and it is what a node proxy waits for
+        // when a Pod turns Ready. Any other change waits a settle time for the rest of its
+        // burst.
         let wait = if watches.pod_statuses_alone() {
             last.map_or(Duration::ZERO, |at| {
-                config.settle.saturating_sub(at.elapsed())
+                config.status_interval.saturating_sub(at.elapsed())
             })
         } else {
             config.settle

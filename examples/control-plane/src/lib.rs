@@ -826,20 +826,26 @@ impl Served {
         pod: &k8s_openapi::api::core::v1::Pod,
         options: &TranslateOptions,
     ) -> Result<(usize, usize, ambient::MeshWorkload), &'static str> {
-        let (name, namespace) = (&pod.metadata.name, &pod.metadata.namespace);
-        let at = (self.set.pods.iter())
-            .position(|p| p.metadata.namespace == *namespace && p.metadata.name == *name)
-            .ok_or("a Pod the model does not hold")?;
-        let derive = |pod| ambient::pod_workload(pod, &self.set, options, &self.network);
-        let (Some(new), Some(old)) = (derive(pod), derive(&self.set.pods[at])) else {
-            return Err("a Pod that gains or loses its workload");
-        };
+        fn key_of(p: &k8s_openapi::api::core::v1::Pod) -> (&Option<String>, &Option<String>) {
+            (&p.metadata.namespace, &p.metadata.name)
+        }
+        let key = key_of(pod);
+        // The Kubernetes source gives the Pods in order of namespace and name; any other
+        // order is searched through.
+        let at = match self.set.pods.binary_search_by(|p| key_of(p).cmp(&key)) {
+            Ok(at) => Some(at),
+            Err(_) => self.set.pods.iter().position(|p| key_of(p) == key),
+        }
+        .ok_or("a Pod the model does not hold")?;
+        let new = ambient::pod_workload(pod, &self.set, options, &self.network)
+            .ok_or("a Pod that loses its workload")?;
         let index = (self.derived.workloads)
             .binary_search_by(|w| w.workload.uid.cmp(&new.workload.uid))
             .map_err(|_| "a workload the model does not hold")?;
+        let old = &self.derived.workloads[index];
         let mut unchanged = new.clone();
         unchanged.workload.status = old.workload.status;
-        if unchanged != old || self.derived.workloads[index] != old {
+        if unchanged != *old {
             return Err("a workload that changes more than its status");
         }
         Ok((at, index, new))

@@ -505,7 +505,7 @@ async fn a_folder_and_the_api_of_the_same_objects_serve_the_same_resources() {
                         .map(|t| {
                             t.resources()
                                 .iter()
-                                .map(|(name, r)| (name.clone(), r.resource.value.clone()))
+                                .map(|(name, r)| (name.to_owned(), r.resource.value.clone()))
                                 .collect::<BTreeMap<_, _>>()
                         })
                         .unwrap_or_default()

@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use crate::config::ServerConfig;
 use crate::error::RequestError;
 use crate::screen::{Seen, screen};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Change, Snapshot, TypeSnapshot, VersionedResource};
 
 /// Delta protocol state of one stream: requests and snapshots in, responses out.
 ///
@@ -58,6 +58,10 @@ pub struct DeltaStream {
     nonce: u64,
     max_types: usize,
     max_names: usize,
+    /// Compare every type name by name, never by what changed (tests check one against the
+    /// other).
+    #[cfg(test)]
+    compare_only: bool,
 }
 
 #[derive(Debug, Default)]
@@ -81,8 +85,9 @@ struct DeltaType {
     must_answer: bool,
     /// The subscription changed since the type was last looked at.
     dirty: bool,
-    /// Content hash of the type snapshot last looked at, to skip unchanged types.
-    seen: Option<String>,
+    /// The type snapshot last looked at: to skip it when unchanged, and to tell what changed
+    /// since.
+    last: Option<TypeSnapshot>,
 }
 
 // === impl DeltaStream ===
@@ -102,6 +107,8 @@ impl DeltaStream {
             nonce: 0,
             max_types: config.max_types_per_stream,
             max_names: config.max_names_per_stream,
+            #[cfg(test)]
+            compare_only: false,
         }
     }
 
@@ -169,6 +176,10 @@ impl DeltaStream {
             } else {
                 sub.names.remove(name);
                 sub.reported_missing.remove(name);
+                // An alias is held by its subscription alone, wildcard or not.
+                if sub.aliased.remove(name).is_some() {
+                    sub.known.remove(name);
+                }
             }
         }
         if first {
@@ -215,132 +226,35 @@ impl DeltaStream {
     }
 
     /// The responses due for `snapshot`: per type, the changed and the removed resources.
+    ///
+    /// A type derived from the one last looked at by putting resources in place
+    /// ([`TypeSnapshot::with_resources`]) is gone through by what changed; any other is
+    /// compared name by name with what the client holds.
     pub fn poll(&mut self, snapshot: &Snapshot) -> Vec<DeltaDiscoveryResponse> {
         let mut out = Vec::new();
+        #[cfg(test)]
+        let by_change = !self.compare_only;
+        #[cfg(not(test))]
+        let by_change = true;
         for (url, sub) in &mut self.types {
             let Some(ts) = snapshot.get_type(url) else {
                 continue;
             };
-            if !sub.dirty && sub.seen.as_deref() == Some(ts.content()) {
+            let last = sub.last.take();
+            if !sub.dirty && last.as_ref().is_some_and(|l| l.content() == ts.content()) {
+                sub.last = last;
                 continue;
             }
+            let changed = match &last {
+                Some(last) if by_change && !sub.dirty && !sub.resumed => sub.changed(last, ts),
+                _ => None,
+            };
             sub.dirty = false;
-            sub.seen = Some(ts.content().to_owned());
-            let all = sub.legacy || sub.wildcard;
-            if !all {
-                sub.implicit = ts.implicit().clone();
-            }
-            // What a name the client holds stands for now: the resource of that name, or the
-            // one an alias names (with that name).
-            let resolve = |name: &str| match ts.resources().get(name) {
-                Some(r) => Some((r, None)),
-                None => {
-                    let own = ts.alias(name)?;
-                    Some((ts.resources().get(own)?, Some(own)))
-                }
+            sub.last = Some(ts.clone());
+            let (resources, removed) = match changed {
+                Some(changes) => sub.take_changes(ts, &changes),
+                None => sub.compare(ts),
             };
-            if std::mem::take(&mut sub.resumed) && !all {
-                // What a resumed client holds outside its subscription is its own business
-                // (it drops it), except what no longer exists at all: that is said removed.
-                let (names, implicit) = (&sub.names, &sub.implicit);
-                sub.known.retain(|n, _| {
-                    resolve(n).is_none() || names.contains(n) || implicit.contains(n)
-                });
-            }
-            let mut resources = Vec::new();
-            // Resources an alias stood for before it moved to another one.
-            let mut left_behind = Vec::new();
-            let mut send = |name: &String, r: &crate::VersionedResource, own: Option<&str>| {
-                if sub.known.get(name) != Some(&r.version) {
-                    sub.known.insert(name.clone(), r.version.clone());
-                    resources.push(Wrapped {
-                        name: name.clone(),
-                        version: r.version.clone(),
-                        aliases: own.map(str::to_owned).into_iter().collect(),
-                        resource: Some(r.resource.clone()),
-                        ..Default::default()
-                    });
-                }
-                if let Some(own) = own
-                    && let Some(before) = sub.aliased.insert(name.clone(), own.to_owned())
-                    && before != own
-                {
-                    left_behind.push(before);
-                }
-            };
-            let implicit = sub.implicit.iter().filter(|n| !sub.names.contains(*n));
-            if all {
-                for (name, r) in ts.resources() {
-                    send(name, r, None);
-                }
-                // Names subscribed beside the wildcard that are aliases.
-                for name in sub
-                    .names
-                    .iter()
-                    .filter(|n| !ts.resources().contains_key(*n))
-                {
-                    if let Some((r, own)) = resolve(name) {
-                        send(name, r, own);
-                    }
-                }
-            } else {
-                for name in sub.names.iter().chain(implicit) {
-                    if let Some((r, own)) = resolve(name) {
-                        send(name, r, own);
-                    }
-                }
-            }
-            for r in &resources {
-                sub.reported_missing.remove(&r.name);
-            }
-            // The resources some held alias stands for (an alias is never a resource's own
-            // name, so a name is never its own alias's target).
-            let targets = |aliased: &HashMap<String, String>| -> BTreeSet<String> {
-                aliased.values().cloned().collect()
-            };
-            let aliased_now = targets(&sub.aliased);
-            // Held names that no longer stand for anything, or (not a wildcard) are neither
-            // subscribed nor implicit any more; a resource's own name stays while a held
-            // alias stands for it (the client holds it once, by its content).
-            let wanted = |n: &String| all || sub.names.contains(n) || sub.implicit.contains(n);
-            let mut removed: Vec<String> = sub
-                .known
-                .keys()
-                .filter(|n| match resolve(n) {
-                    None => true,
-                    Some(_) => !wanted(n) && !aliased_now.contains(*n),
-                })
-                .cloned()
-                .collect();
-            removed.sort_unstable();
-            let mut stood_for = Vec::new();
-            for name in &removed {
-                sub.known.remove(name);
-                if sub.names.contains(name) {
-                    sub.reported_missing.insert(name.clone());
-                }
-                if let Some(own) = sub.aliased.remove(name)
-                    && resolve(name).is_none()
-                {
-                    stood_for.push(own);
-                }
-            }
-            sub.aliased.retain(|alias, _| sub.known.contains_key(alias));
-            // The resource a gone or moved alias stood for goes too, unless the client holds
-            // it under its own name or another alias still stands for it.
-            stood_for.extend(left_behind);
-            let aliased_after = targets(&sub.aliased);
-            stood_for.retain(|own| !sub.known.contains_key(own) && !aliased_after.contains(own));
-            for name in &sub.names {
-                if resolve(name).is_none() && sub.reported_missing.insert(name.clone()) {
-                    removed.push(name.clone());
-                }
-            }
-            for own in stood_for {
-                if !removed.contains(&own) {
-                    removed.push(own);
-                }
-            }
             if resources.is_empty() && removed.is_empty() && !sub.must_answer {
                 continue;
             }
@@ -356,6 +270,225 @@ impl DeltaStream {
             });
         }
         out
+    }
+}
+
+// === impl DeltaType ===
+
+impl DeltaType {
+    /// What changed from `last` to `ts`, when it can be told from what the two share and
+    /// taken alone: the same aliases and implicit names, and no name removed while the
+    /// client holds aliases.
+    fn changed<'a>(&self, last: &'a TypeSnapshot, ts: &'a TypeSnapshot) -> Option<Vec<Change<'a>>> {
+        if !last.same_names(ts) {
+            return None;
+        }
+        // Made of `last` in one step: the names put in place say what changed.
+        if let Some(names) = ts.put_since(last) {
+            let put = names
+                .iter()
+                .filter_map(|name| Some(Change::Put(name, ts.resources().get(name)?)));
+            return Some(put.collect());
+        }
+        let mut changes = Vec::new();
+        for change in last.resources().diff(ts.resources()) {
+            if matches!(change, Change::Removed(_)) && !self.aliased.is_empty() {
+                return None;
+            }
+            changes.push(change);
+        }
+        Some(changes)
+    }
+
+    /// The resources to send and the names to say removed for `changes`, the difference
+    /// from the type last looked at to `ts` ([`changed`](Self::changed)).
+    fn take_changes(
+        &mut self,
+        ts: &TypeSnapshot,
+        changes: &[Change<'_>],
+    ) -> (Vec<Wrapped>, Vec<String>) {
+        let all = self.legacy || self.wildcard;
+        let mut resources = Vec::new();
+        let mut removed = Vec::new();
+        let mut send = |known: &mut HashMap<String, String>,
+                        name: &str,
+                        r: &VersionedResource,
+                        own: Option<&str>| {
+            if known.get(name) != Some(&r.version) {
+                known.insert(name.to_owned(), r.version.clone());
+                resources.push(wrap(name, r, own));
+            }
+        };
+        for change in changes {
+            match *change {
+                Change::Put(name, r) => {
+                    if all || self.names.contains(name) || self.implicit.contains(name) {
+                        send(&mut self.known, name, r, None);
+                    }
+                    // Held aliases that stand for it.
+                    for (alias, own) in &self.aliased {
+                        if own == name
+                            && self.names.contains(alias)
+                            && ts.alias(alias) == Some(name)
+                        {
+                            send(&mut self.known, alias, r, Some(own));
+                        }
+                    }
+                }
+                Change::Removed(name) => {
+                    // No alias is held (see `changed`), nor is the name implicit (the implicit
+                    // names did not change, and are held).
+                    let held = self.known.remove(name).is_some();
+                    let subscribed = self.names.contains(name);
+                    let reported = subscribed && self.reported_missing.insert(name.to_owned());
+                    if held || reported {
+                        removed.push(name.to_owned());
+                    }
+                }
+            }
+        }
+        for r in &resources {
+            self.reported_missing.remove(&r.name);
+        }
+        (resources, removed)
+    }
+
+    /// The resources to send and the names to say removed, comparing every name of `ts` the
+    /// client is subscribed to with what it holds.
+    fn compare(&mut self, ts: &TypeSnapshot) -> (Vec<Wrapped>, Vec<String>) {
+        let all = self.legacy || self.wildcard;
+        if !all {
+            self.implicit = ts.implicit().clone();
+        }
+        // What a name the client holds stands for now: the resource of that name, or the
+        // one an alias names (with that name).
+        let resolve = |name: &str| match ts.resources().get(name) {
+            Some(r) => Some((r, None)),
+            None => {
+                let own = ts.alias(name)?;
+                Some((ts.resources().get(own)?, Some(own)))
+            }
+        };
+        if std::mem::take(&mut self.resumed) && !all {
+            // What a resumed client holds outside its subscription is its own business
+            // (it drops it), except what no longer exists at all: that is said removed.
+            let (names, implicit) = (&self.names, &self.implicit);
+            self.known
+                .retain(|n, _| resolve(n).is_none() || names.contains(n) || implicit.contains(n));
+        }
+        let mut resources = Vec::new();
+        // Resources an alias stood for before it moved to another one.
+        let mut left_behind = Vec::new();
+        let mut send = |name: &str, r: &crate::VersionedResource, own: Option<&str>| {
+            if self.known.get(name) != Some(&r.version) {
+                self.known.insert(name.to_owned(), r.version.clone());
+                resources.push(wrap(name, r, own));
+            }
+            if let Some(own) = own
+                && let Some(before) = self.aliased.insert(name.to_owned(), own.to_owned())
+                && before != own
+            {
+                left_behind.push(before);
+            }
+        };
+        let implicit = self.implicit.iter().filter(|n| !self.names.contains(*n));
+        if all {
+            for (name, r) in ts.resources() {
+                send(name, r, None);
+            }
+            // Names subscribed beside the wildcard that are aliases.
+            for name in self
+                .names
+                .iter()
+                .filter(|n| !ts.resources().contains_key(n))
+            {
+                if let Some((r, own)) = resolve(name) {
+                    send(name, r, own);
+                }
+            }
+        } else {
+            for name in self.names.iter().chain(implicit) {
+                if let Some((r, own)) = resolve(name) {
+                    send(name, r, own);
+                }
+            }
+        }
+        for r in &resources {
+            self.reported_missing.remove(&r.name);
+        }
+        let targets = |aliased: &HashMap<String, String>| -> BTreeSet<String> {
+            aliased.values().cloned().collect()
+        };
+        // A resource's own name, by the wildcard, its name or as an implicit one; an alias by
+        // its name alone.
+        let wanted = |n: &String| {
+            (all && ts.resources().contains_key(n))
+                || self.names.contains(n)
+                || self.implicit.contains(n)
+        };
+        // The resources that held aliases still wanted stand for (an alias is never a
+        // resource's own name, so a name is never its own alias's target).
+        let aliased_now: BTreeSet<&String> = self
+            .aliased
+            .iter()
+            .filter(|(alias, own)| wanted(alias) && ts.alias(alias) == Some(own.as_str()))
+            .map(|(_, own)| own)
+            .collect();
+        // Held names that no longer stand for anything, or (not a wildcard) are neither
+        // subscribed nor implicit any more; a resource's own name stays while a held
+        // alias stands for it (the client holds it once, by its content).
+        let mut removed: Vec<String> = self
+            .known
+            .keys()
+            .filter(|n| match resolve(n) {
+                None => true,
+                Some(_) => !wanted(n) && !aliased_now.contains(n),
+            })
+            .cloned()
+            .collect();
+        removed.sort_unstable();
+        let mut stood_for = Vec::new();
+        for name in &removed {
+            self.known.remove(name);
+            if self.names.contains(name) {
+                self.reported_missing.insert(name.clone());
+            }
+            if let Some(own) = self.aliased.remove(name)
+                && resolve(name).is_none()
+            {
+                stood_for.push(own);
+            }
+        }
+        self.aliased
+            .retain(|alias, _| self.known.contains_key(alias));
+        // The resource a gone or moved alias stood for goes too, unless the client holds
+        // it under its own name or another alias still stands for it.
+        stood_for.extend(left_behind);
+        let aliased_after = targets(&self.aliased);
+        stood_for.retain(|own| !self.known.contains_key(own) && !aliased_after.contains(own));
+        for name in &self.names {
+            if resolve(name).is_none() && self.reported_missing.insert(name.clone()) {
+                removed.push(name.clone());
+            }
+        }
+        for own in stood_for {
+            if !removed.contains(&own) {
+                removed.push(own);
+            }
+        }
+        (resources, removed)
+    }
+}
+
+/// A resource as sent: under `name`, with the resource's own name as its alias when `name` is
+/// an alias.
+fn wrap(name: &str, r: &VersionedResource, own: Option<&str>) -> Wrapped {
+    Wrapped {
+        name: name.to_owned(),
+        version: r.version.clone(),
+        aliases: own.map(str::to_owned).into_iter().collect(),
+        resource: Some(r.resource.clone()),
+        ..Default::default()
     }
 }
 
@@ -623,5 +756,167 @@ mod tests {
         });
         assert!(!st.types[A].dirty);
         assert!(st.poll(&s1).is_empty());
+    }
+
+    mod by_change {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::snapshot::TypeSnapshot;
+
+        const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
+        const ALIASES: [&str; 3] = ["x", "y", "a"];
+
+        #[derive(Debug, Clone)]
+        enum Step {
+            /// Resources put in place.
+            Put(Vec<(usize, u8)>),
+            /// The type built anew: resources, aliases to names, implicit names.
+            Rebuild(Vec<(usize, u8)>, Vec<(usize, usize)>, Vec<usize>),
+            /// A request: names subscribed and unsubscribed (`*` is index 5, an alias 6..).
+            Request(Vec<usize>, Vec<usize>),
+        }
+
+        fn word(i: usize) -> String {
+            match i {
+                0..5 => NAMES[i].to_owned(),
+                5 => "*".to_owned(),
+                _ => ALIASES[(i - 6) % ALIASES.len()].to_owned(),
+            }
+        }
+
+        fn resources(put: &[(usize, u8)]) -> Vec<(String, Any)> {
+            put.iter()
+                .map(|(n, b)| {
+                    let any = Any {
+                        type_url: A.into(),
+                        value: vec![*b],
+                    };
+                    (NAMES[n % NAMES.len()].to_owned(), any)
+                })
+                .collect()
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            let put = prop::collection::vec((0..5usize, 0..3u8), 0..4);
+            let names = prop::collection::vec(0..9usize, 0..3);
+            prop_oneof![
+                3 => put.clone().prop_map(Step::Put),
+                1 => (
+                    put,
+                    prop::collection::vec((0..3usize, 0..5usize), 0..3),
+                    prop::collection::vec(0..5usize, 0..3),
+                )
+                    .prop_map(|(r, a, i)| Step::Rebuild(r, a, i)),
+                1 => (names.clone(), names).prop_map(|(s, u)| Step::Request(s, u)),
+            ]
+        }
+
+        /// Per response, the resources sent (name, version, aliases) and the names removed.
+        type Said = Vec<(Vec<(String, String, Vec<String>)>, Vec<String>)>;
+
+        /// A response reduced to what a client acts on: what it is sent, and what it is told
+        /// is removed, each in order.
+        fn said(out: &[DeltaDiscoveryResponse]) -> Said {
+            out.iter()
+                .map(|r| {
+                    let mut sent: Vec<_> = r
+                        .resources
+                        .iter()
+                        .map(|w| (w.name.clone(), w.version.clone(), w.aliases.clone()))
+                        .collect();
+                    sent.sort();
+                    let mut removed = r.removed_resources.clone();
+                    removed.sort();
+                    (sent, removed)
+                })
+                .collect()
+        }
+
+        proptest! {
+            /// Going through what changed says exactly what comparing name by name says,
+            /// whatever the subscription, the aliases and implicit names, and however the
+            /// type came to be; and a client subscribed to all then holds every resource as
+            /// it is, and nothing that is gone.
+            #[test]
+            fn says_what_comparing_name_by_name_says(
+                first in prop::collection::vec(0..9usize, 0..3),
+                steps in prop::collection::vec(step(), 1..24),
+            ) {
+                let mut by_change = DeltaStream::default();
+                let mut by_name = DeltaStream {
+                    compare_only: true,
+                    ..DeltaStream::default()
+                };
+                let request = |subscribe: &[usize], unsubscribe: &[usize]| DeltaDiscoveryRequest {
+                    type_url: A.into(),
+                    resource_names_subscribe: subscribe.iter().map(|i| word(*i)).collect(),
+                    resource_names_unsubscribe: unsubscribe.iter().map(|i| word(*i)).collect(),
+                    ..Default::default()
+                };
+                by_change.handle_request(request(&first, &[]));
+                by_name.handle_request(request(&first, &[]));
+                // What a client of the stream holds, and whether it is subscribed to all.
+                let mut held: BTreeMap<String, String> = BTreeMap::new();
+                let (mut legacy, mut wildcard) = (first.is_empty(), first.contains(&5));
+                let mut subscribed: BTreeSet<String> = first.iter().map(|i| word(*i)).collect();
+                let mut ts = TypeSnapshot::default();
+                for step in steps {
+                    match step {
+                        Step::Put(put) => ts = ts.with_resources(resources(&put)),
+                        Step::Rebuild(put, aliases, implicit) => {
+                            ts = TypeSnapshot::new(resources(&put))
+                                .with_aliases(aliases.iter().map(|(a, n)| {
+                                    (ALIASES[*a].to_owned(), NAMES[*n].to_owned())
+                                }))
+                                .with_implicit(implicit.iter().map(|n| NAMES[*n].to_owned()));
+                        }
+                        Step::Request(subscribe, unsubscribe) => {
+                            by_change.handle_request(request(&subscribe, &unsubscribe));
+                            by_name.handle_request(request(&subscribe, &unsubscribe));
+                            legacy &= subscribe.is_empty() && !unsubscribe.contains(&5);
+                            wildcard = (wildcard || subscribe.contains(&5)) && !unsubscribe.contains(&5);
+                            subscribed.extend(subscribe.iter().map(|i| word(*i)));
+                            // A client drops what it no longer subscribes to: a resource's
+                            // own name stays while it is subscribed to all.
+                            for name in unsubscribe.iter().map(|i| word(*i)) {
+                                let resource = ts.resources().contains_key(&name);
+                                let stays = (resource && (legacy || wildcard))
+                                    || ts.implicit().contains(&name);
+                                if subscribed.remove(&name) && !stays {
+                                    held.remove(&name);
+                                }
+                            }
+                            if !(legacy || wildcard) {
+                                held.retain(|n, _| subscribed.contains(n) || ts.implicit().contains(n));
+                            }
+                        }
+                    }
+                    let snapshot = Snapshot::new().with_type(A, ts.clone());
+                    let out = by_change.poll(&snapshot);
+                    prop_assert_eq!(said(&out), said(&by_name.poll(&snapshot)));
+                    for response in &out {
+                        for name in &response.removed_resources {
+                            held.remove(name);
+                        }
+                        for r in &response.resources {
+                            held.insert(r.name.clone(), r.version.clone());
+                        }
+                    }
+                    if legacy || wildcard {
+                        // Every resource, as it is now; nothing that is gone.
+                        for (name, r) in ts.resources() {
+                            prop_assert_eq!(held.get(name), Some(&r.version), "{} is held as it is", name);
+                        }
+                        for name in held.keys() {
+                            prop_assert!(
+                                ts.resources().contains_key(name) || ts.alias(name).is_some(),
+                                "{} is held but gone", name
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

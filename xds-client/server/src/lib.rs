@@ -113,4 +113,7 @@ pub use ads::{AdsServer, DeltaStream, SotwStream};
 pub use config::ServerConfig;
 pub use error::RequestError;
 pub use observer::RequestObserver;
-pub use snapshot::{Snapshot, SnapshotBuilder, SnapshotCache, TypeSnapshot, VersionedResource};
+pub use snapshot::{
+    Change, Resources, ResourcesIter, Snapshot, SnapshotBuilder, SnapshotCache, TypeSnapshot,
+    VersionedResource,
+};

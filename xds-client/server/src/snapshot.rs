@@ -7,30 +7,84 @@
 //! it explicitly instead (a State-of-the-World push then also happens when only that version
 //! changes).
 //!
-//! Hashes are the first 64 bits of SHA-256, in hex: stable across processes and builds, so a
-//! Delta client resuming against a restarted server is not sent what it already holds.
+//! A resource's version is the first 64 bits of SHA-256 of its bytes, in hex: stable across
+//! processes and builds, so a Delta client resuming against a restarted server is not sent
+//! what it already holds. A type's content hash is the sum of a keyed hash of each of its
+//! entries (name and version, alias, implicit name), under a key drawn once per process: it is
+//! updated in step with each resource put in place rather than computed again, and no input
+//! can be crafted to make two different types hash alike, since nobody outside the process
+//! knows the key. It is stable within a process only.
+//!
+//! The resources of a type are held in a persistent map ([`Resources`]): a type derived from
+//! another with some resources put in place shares the rest of its structure, so deriving
+//! it, cloning it and telling what changed between the two cost in proportion to the change,
+//! not to the type.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::hash::{BuildHasher, Hash, RandomState};
+use std::sync::{Arc, OnceLock};
 
 use envoy_types::pb::google::protobuf::Any;
+use imbl::OrdMap;
 use prost::Message;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 /// The resources of one type, by name, with their versions. The default is an empty type.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct TypeSnapshot {
     version: String,
-    /// Hash of the names and resource versions, whatever `version` is.
-    content: String,
+    /// Sum of the keyed hashes of every resource, alias and implicit name.
+    content: u128,
     /// `version` was set by the caller rather than computed.
     explicit: bool,
-    resources: BTreeMap<String, Arc<VersionedResource>>,
+    resources: Resources,
     /// Other names a Delta client may subscribe to a resource by, to its own name.
-    aliases: BTreeMap<String, String>,
+    aliases: OrdMap<String, String>,
     /// Resources sent to every Delta subscriber of the type, named or not.
-    implicit: BTreeSet<String>,
+    implicit: Arc<BTreeSet<String>>,
+    /// Tells this type from any other built or derived in the process; a clone keeps it.
+    id: u64,
+    /// When this type is another with resources put in place: that one and the names.
+    step: Option<Arc<Step>>,
+}
+
+/// Resources put in place ([`TypeSnapshot::with_versioned`]).
+#[derive(Debug)]
+struct Step {
+    /// The `id` of the type they were put in.
+    from: u64,
+    names: Vec<Arc<str>>,
+}
+
+/// Equal when they serve the same: the same resources, aliases, implicit names and version,
+/// however each came to be. Two types whose content hashes differ are told apart without
+/// looking further.
+impl PartialEq for TypeSnapshot {
+    fn eq(&self, other: &Self) -> bool {
+        self.content == other.content
+            && self.explicit == other.explicit
+            && self.version == other.version
+            && self.resources == other.resources
+            && self.aliases == other.aliases
+            && self.implicit == other.implicit
+    }
+}
+
+/// The resources of one type by name, in name order. It is a persistent map: a clone costs a
+/// reference count, and a type derived from another shares every resource it did not put in
+/// place.
+#[derive(Debug, Clone, Default)]
+pub struct Resources(OrdMap<Arc<str>, Arc<VersionedResource>>);
+
+/// What changed from one [`Resources`] to another ([`Resources::diff`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Change<'a> {
+    /// The name is new, or holds another resource.
+    Put(&'a str, &'a Arc<VersionedResource>),
+    /// The name is gone.
+    Removed(&'a str),
 }
 
 /// A resource and its content version.
@@ -178,8 +232,126 @@ impl Snapshot {
     pub fn names(&self, type_url: &str) -> Vec<String> {
         self.types
             .get(type_url)
-            .map(|t| t.resources.keys().cloned().collect())
+            .map(|t| t.resources.keys().map(str::to_owned).collect())
             .unwrap_or_default()
+    }
+}
+
+// === impl Resources ===
+
+impl Resources {
+    /// The resource of `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<VersionedResource>> {
+        self.0.get(name)
+    }
+
+    /// The resource of `name`, with the name as held.
+    pub fn get_key_value(&self, name: &str) -> Option<(&str, &Arc<VersionedResource>)> {
+        self.0.get_key_value(name).map(|(name, r)| (&**name, r))
+    }
+
+    /// Whether a resource of `name` is held.
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    /// How many resources are held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The resources in name order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&str, &Arc<VersionedResource>)> {
+        self.0.iter().map(|(name, r)| (&**name, r))
+    }
+
+    /// The names in order.
+    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &str> {
+        self.0.keys().map(|name| &**name)
+    }
+
+    /// The resources in name order.
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &Arc<VersionedResource>> {
+        self.0.values()
+    }
+
+    /// What changed from `self` to `after`, in name order. What the two share (one derived
+    /// from the other) is not looked at: the cost follows the change, not the size.
+    pub fn diff<'a>(&'a self, after: &'a Resources) -> impl Iterator<Item = Change<'a>> {
+        self.0.diff(&after.0).map(|item| match item {
+            imbl::ordmap::DiffItem::Add(name, r)
+            | imbl::ordmap::DiffItem::Update { new: (name, r), .. } => Change::Put(name, r),
+            imbl::ordmap::DiffItem::Remove(name, _) => Change::Removed(name),
+        })
+    }
+
+    /// Whether both are the same map (one is a clone of the other with nothing changed since).
+    pub fn same(&self, other: &Resources) -> bool {
+        self.0.ptr_eq(&other.0)
+    }
+}
+
+/// Equal when they hold the same names with equal resources; what they share is not looked
+/// at.
+impl PartialEq for Resources {
+    fn eq(&self, other: &Self) -> bool {
+        self.same(other) || (self.len() == other.len() && self.diff(other).next().is_none())
+    }
+}
+
+/// The resource of a name.
+///
+/// # Panics
+///
+/// When no resource has that name.
+impl std::ops::Index<&str> for Resources {
+    type Output = Arc<VersionedResource>;
+
+    fn index(&self, name: &str) -> &Self::Output {
+        &self.0[name]
+    }
+}
+
+impl<'a> IntoIterator for &'a Resources {
+    type Item = (&'a str, &'a Arc<VersionedResource>);
+    type IntoIter = ResourcesIter<'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        ResourcesIter(self.0.iter())
+    }
+}
+
+impl<N: Into<Arc<str>>> FromIterator<(N, Arc<VersionedResource>)> for Resources {
+    fn from_iter<I: IntoIterator<Item = (N, Arc<VersionedResource>)>>(iter: I) -> Self {
+        Self(iter.into_iter().map(|(name, r)| (name.into(), r)).collect())
+    }
+}
+
+/// The resources of a [`Resources`] in name order.
+pub struct ResourcesIter<'a>(
+    imbl::ordmap::Iter<'a, Arc<str>, Arc<VersionedResource>, imbl::shared_ptr::DefaultSharedPtr>,
+);
+
+impl std::fmt::Debug for ResourcesIter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourcesIter").finish_non_exhaustive()
+    }
+}
+
+impl<'a> Iterator for ResourcesIter<'a> {
+    type Item = (&'a str, &'a Arc<VersionedResource>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|(name, r)| (&**name, r))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
     }
 }
 
@@ -189,22 +361,33 @@ impl TypeSnapshot {
     /// Resources by name (a later duplicate name replaces an earlier one), each versioned by
     /// the hash of its bytes; the type's version is the hash of the names and versions.
     pub fn new(resources: impl IntoIterator<Item = (String, Any)>) -> Self {
-        let resources: BTreeMap<String, Arc<VersionedResource>> = resources
+        let resources: Resources = resources
             .into_iter()
             .map(|(name, resource)| {
                 let version = hash_hex(&resource.value);
                 (name, Arc::new(VersionedResource { version, resource }))
             })
             .collect();
-        let content = content_hash(&resources);
-        Self {
-            version: content.clone(),
+        Self::of(resources, None)
+    }
+
+    /// `resources` with no alias nor implicit name, at `version` if it is set explicitly.
+    fn of(resources: Resources, explicit: Option<String>) -> Self {
+        let content = resources.iter().fold(0u128, |sum, (name, r)| {
+            sum.wrapping_add(resource_digest(name, r))
+        });
+        let mut ts = Self {
+            version: String::new(),
             content,
-            explicit: false,
+            explicit: explicit.is_some(),
             resources,
-            aliases: BTreeMap::new(),
-            implicit: BTreeSet::new(),
-        }
+            aliases: OrdMap::new(),
+            implicit: Arc::default(),
+            id: next_id(),
+            step: None,
+        };
+        ts.version = explicit.unwrap_or_else(|| ts.content_version());
+        ts
     }
 
     /// The same resources, with other names (`alias`, `name`) a Delta client may subscribe
@@ -217,10 +400,14 @@ impl TypeSnapshot {
     pub fn with_aliases(mut self, aliases: impl IntoIterator<Item = (String, String)>) -> Self {
         for (alias, name) in aliases {
             if !self.resources.contains_key(&alias) && self.resources.contains_key(&name) {
-                self.aliases.insert(alias, name);
+                let digest = alias_digest(&alias, &name);
+                if let Some(before) = self.aliases.insert(alias.clone(), name) {
+                    self.content = self.content.wrapping_sub(alias_digest(&alias, &before));
+                }
+                self.content = self.content.wrapping_add(digest);
             }
         }
-        self.rehash();
+        self.restate();
         self
     }
 
@@ -229,27 +416,64 @@ impl TypeSnapshot {
     /// expects the workloads of its own node without asking). A name the type does not
     /// hold is ignored.
     pub fn with_implicit(mut self, names: impl IntoIterator<Item = String>) -> Self {
-        let held = |n: &String| self.resources.contains_key(n);
-        let names: Vec<String> = names.into_iter().filter(held).collect();
-        self.implicit.extend(names);
-        self.rehash();
+        let mut implicit = (*self.implicit).clone();
+        for name in names {
+            if self.resources.contains_key(&name) && !implicit.contains(&name) {
+                self.content = self.content.wrapping_add(implicit_digest(&name));
+                implicit.insert(name);
+            }
+        }
+        self.implicit = Arc::new(implicit);
+        self.restate();
         self
     }
 
     /// The same type with each of `resources` added, or put in place of the resource of its
     /// name; every other resource is kept as it is (by reference), and the type's version is
-    /// recomputed unless it was set explicitly. Aliases and implicit names are kept, minus
-    /// those that no longer hold.
-    pub fn with_resources(mut self, resources: impl IntoIterator<Item = (String, Any)>) -> Self {
-        for (name, resource) in resources {
+    /// updated unless it was set explicitly. Aliases and implicit names are kept, minus
+    /// those that no longer hold. The cost follows the number of resources put in place.
+    pub fn with_resources(self, resources: impl IntoIterator<Item = (String, Any)>) -> Self {
+        self.with_versioned(resources.into_iter().map(|(name, resource)| {
             let version = hash_hex(&resource.value);
+            (name, Arc::new(VersionedResource { version, resource }))
+        }))
+    }
+
+    /// [`with_resources`](Self::with_resources), of resources already versioned: taken from
+    /// another snapshot (a view of a type puts in place what changed in the type), they are
+    /// shared rather than encoded and hashed again.
+    pub fn with_versioned(
+        mut self,
+        resources: impl IntoIterator<Item = (String, Arc<VersionedResource>)>,
+    ) -> Self {
+        let from = self.id;
+        let mut names = Vec::new();
+        for (name, r) in resources {
             // No resource is removed: only an alias that is now a resource's name goes.
-            self.aliases.remove(&name);
-            self.resources
-                .insert(name, Arc::new(VersionedResource { version, resource }));
+            // (Looked up first: removing copies the path to where the name would be, and an
+            // unchanged map stays shared.)
+            if self.aliases.contains_key(&name)
+                && let Some(stood_for) = self.aliases.remove(&name)
+            {
+                self.content = self.content.wrapping_sub(alias_digest(&name, &stood_for));
+            }
+            self.content = self.content.wrapping_add(resource_digest(&name, &r));
+            let key: Arc<str> = Arc::from(name.as_str());
+            if let Some(before) = self.resources.0.insert(Arc::clone(&key), r) {
+                self.content = self.content.wrapping_sub(resource_digest(&name, &before));
+            }
+            names.push(key);
         }
-        self.rehash();
+        self.restate();
+        self.step = Some(Arc::new(Step { from, names }));
         self
+    }
+
+    /// The names put in place ([`with_versioned`](Self::with_versioned)) to make this type
+    /// of `earlier`, when it was made so in one step; some may hold what they held.
+    pub(crate) fn put_since(&self, earlier: &TypeSnapshot) -> Option<&[Arc<str>]> {
+        let step = self.step.as_deref()?;
+        (step.from == earlier.id).then_some(step.names.as_slice())
     }
 
     /// The resource name `alias` stands for ([`with_aliases`](Self::with_aliases)).
@@ -262,40 +486,36 @@ impl TypeSnapshot {
         &self.implicit
     }
 
-    /// Recomputes the content hash (and the version, unless explicit) with the aliases and
-    /// implicit names, so that a change of either alone is seen as a change of the type.
-    /// Without either, the content hash is that of the resources alone, as [`Self::new`]
-    /// computes it.
-    fn rehash(&mut self) {
-        self.content = content_hash(&self.resources);
+    /// Whether `self` and `other` have the same aliases and implicit names, told by what
+    /// they share: `false` may mean they were built apart.
+    pub(crate) fn same_names(&self, other: &Self) -> bool {
+        let aliases = self.aliases.ptr_eq(&other.aliases)
+            || (self.aliases.is_empty() && other.aliases.is_empty());
+        let implicit = Arc::ptr_eq(&self.implicit, &other.implicit)
+            || (self.implicit.is_empty() && other.implicit.is_empty());
+        aliases && implicit
+    }
+
+    /// Sets the version from the content hash, unless it was set explicitly, and makes this
+    /// a type of its own.
+    fn restate(&mut self) {
+        self.id = next_id();
+        self.step = None;
         if !self.explicit {
-            self.version = self.content.clone();
+            self.version = self.content_version();
         }
-        if self.aliases.is_empty() && self.implicit.is_empty() {
-            return;
-        }
-        let mut h = Sha256::new();
-        h.update(self.content.as_bytes());
-        for (alias, name) in &self.aliases {
-            h.update([1]);
-            h.update(alias.as_bytes());
-            h.update([0]);
-            h.update(name.as_bytes());
-        }
-        for name in &self.implicit {
-            h.update([2]);
-            h.update(name.as_bytes());
-        }
-        self.content = hex64(&h.finalize());
-        if !self.explicit {
-            self.version = self.content.clone();
-        }
+    }
+
+    fn content_version(&self) -> String {
+        format!("{:032x}", self.content)
     }
 
     /// The same resources at an explicit type version (see [`SnapshotBuilder::version`]).
     pub fn with_version(mut self, version: impl Into<String>) -> Self {
         self.version = version.into();
         self.explicit = true;
+        self.id = next_id();
+        self.step = None;
         self
     }
 
@@ -307,7 +527,7 @@ impl TypeSnapshot {
     }
 
     /// The resources by name.
-    pub fn resources(&self) -> &BTreeMap<String, Arc<VersionedResource>> {
+    pub fn resources(&self) -> &Resources {
         &self.resources
     }
 
@@ -316,30 +536,19 @@ impl TypeSnapshot {
     /// per-client view of a type without re-encoding or re-hashing its resources. Aliases and
     /// implicit names are not carried over: set them on the view.
     pub fn filtered(&self, mut keep: impl FnMut(&str, &VersionedResource) -> bool) -> Self {
-        let resources: BTreeMap<String, Arc<VersionedResource>> = self
+        let resources: Resources = self
             .resources
+            .0
             .iter()
             .filter(|(name, r)| keep(name, r))
-            .map(|(name, r)| (name.clone(), Arc::clone(r)))
+            .map(|(name, r)| (Arc::clone(name), Arc::clone(r)))
             .collect();
-        let content = content_hash(&resources);
-        Self {
-            version: if self.explicit {
-                self.version.clone()
-            } else {
-                content.clone()
-            },
-            content,
-            explicit: self.explicit,
-            resources,
-            aliases: BTreeMap::new(),
-            implicit: BTreeSet::new(),
-        }
+        Self::of(resources, self.explicit.then(|| self.version.clone()))
     }
 
-    /// Hash of the names and resource versions, whatever the version is.
-    pub(crate) fn content(&self) -> &str {
-        &self.content
+    /// The content hash, whatever the version is.
+    pub(crate) fn content(&self) -> u128 {
+        self.content
     }
 
     /// Whether [`version`](Self::version) was set explicitly.
@@ -354,16 +563,31 @@ impl Default for TypeSnapshot {
     }
 }
 
-/// Hash of the names and versions of `resources`: a type's content version.
-fn content_hash(resources: &BTreeMap<String, Arc<VersionedResource>>) -> String {
-    let mut h = Sha256::new();
-    for (name, r) in resources {
-        h.update(name.as_bytes());
-        h.update([0]);
-        h.update(r.version.as_bytes());
-        h.update([0]);
-    }
-    hex64(&h.finalize())
+/// An `id` no other type has.
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The keyed hash of one entry of a type: 128 bits from the process's key.
+fn digest(entry: impl Hash) -> u128 {
+    static KEY: OnceLock<RandomState> = OnceLock::new();
+    let key = KEY.get_or_init(RandomState::new);
+    let high = key.hash_one((&entry, 0u8));
+    let low = key.hash_one((&entry, 1u8));
+    (u128::from(high) << 64) | u128::from(low)
+}
+
+fn resource_digest(name: &str, r: &VersionedResource) -> u128 {
+    digest((0u8, name, r.version.as_str()))
+}
+
+fn alias_digest(alias: &str, name: &str) -> u128 {
+    digest((1u8, alias, name))
+}
+
+fn implicit_digest(name: &str) -> u128 {
+    digest((2u8, name))
 }
 
 fn hash_hex(bytes: &[u8]) -> String {

@@ -65,7 +65,7 @@ struct SotwType {
     /// The subscription changed since the last response: answer even if nothing else did.
     dirty: bool,
     /// `(content, version)` of the type snapshot last looked at, to skip unchanged types.
-    seen: Option<(String, String)>,
+    seen: Option<(u128, String)>,
     /// Fingerprint of the last response sent.
     sent: Option<u64>,
     /// "Not served" was logged.
@@ -174,11 +174,11 @@ impl SotwStream {
                 && sub
                     .seen
                     .as_ref()
-                    .is_some_and(|(c, v)| c == ts.content() && v == ts.version())
+                    .is_some_and(|(c, v)| *c == ts.content() && v == ts.version())
             {
                 continue;
             }
-            sub.seen = Some((ts.content().to_owned(), ts.version().to_owned()));
+            sub.seen = Some((ts.content(), ts.version().to_owned()));
             let dirty = std::mem::take(&mut sub.dirty);
             if !sub.wildcard && sub.names.is_empty() {
                 // Subscribed to nothing: nothing to say until the subscription changes.
@@ -211,7 +211,7 @@ impl SotwStream {
 
 impl SotwType {
     /// The subscribed resources that exist, in name order.
-    fn covered<'a>(&self, ts: &'a TypeSnapshot) -> Vec<(&'a String, &'a VersionedResource)> {
+    fn covered<'a>(&self, ts: &'a TypeSnapshot) -> Vec<(&'a str, &'a VersionedResource)> {
         if self.wildcard {
             ts.resources().iter().map(|(n, r)| (n, &**r)).collect()
         } else {
@@ -227,7 +227,7 @@ impl SotwType {
 /// What a response for `covered` would say: the names and versions it carries, and the
 /// type's version when that was set explicitly (a content-hash type version only restates
 /// the resources, and covers resources a named subscriber does not see).
-fn fingerprint(ts: &TypeSnapshot, covered: &[(&String, &VersionedResource)]) -> u64 {
+fn fingerprint(ts: &TypeSnapshot, covered: &[(&str, &VersionedResource)]) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     for (name, r) in covered {
         h.write(name.as_bytes());
