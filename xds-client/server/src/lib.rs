@@ -75,8 +75,9 @@
 //!
 //! Pre-1.0. The push rules follow the xDS protocol and are expected to stay; [`ServerConfig`]
 //! may gain settings (each with a default) and [`RequestError`] variants (it is
-//! `#[non_exhaustive]`). Versions are the first 64 bits of SHA-256 in hex and stay stable
-//! across releases, so clients resume without a full resend after a server upgrade.
+//! `#[non_exhaustive]`). Resource versions are the first 64 bits of SHA-256 in hex and stay
+//! stable across releases, so clients resume without a full resend after a server upgrade;
+//! a type's content version is stable within a process only (see [`snapshot`]).
 
 // docs.rs builds with `--cfg docsrs`: items behind a feature show it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
