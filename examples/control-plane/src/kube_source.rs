@@ -384,10 +384,10 @@ fn pem_of(
 /// The objects of every kind, as the API serves them, and which kinds are listed.
 #[derive(Default)]
 struct Store {
-    objects: BTreeMap<&'static str, BTreeMap<(String, String), Value>>,
+    objects: BTreeMap<&'static str, BTreeMap<(String, String), Stored>>,
     listed: BTreeMap<&'static str, bool>,
     /// A kind's objects during a (re)list, swapped in when it ends.
-    relisting: BTreeMap<&'static str, BTreeMap<(String, String), Value>>,
+    relisting: BTreeMap<&'static str, BTreeMap<(String, String), Stored>>,
     /// What changed since the last model was handed on.
     dirty: Dirty,
 }
@@ -515,7 +515,7 @@ impl Watches {
         if keys.is_empty() {
             return None;
         }
-        let values: Vec<(String, Value)> = {
+        let stored: Vec<(String, Stored)> = {
             let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
             let pods = store.objects.get("Pod")?;
             keys.iter()
@@ -523,8 +523,8 @@ impl Watches {
                 .collect::<Option<_>>()?
         };
         let mut set = ManifestSet::default();
-        for (origin, value) in values {
-            if !set.add_object(&origin, value).is_empty() {
+        for (origin, pod) in stored {
+            if !set.add_object(&origin, pod.value()).is_empty() {
                 tracing::debug!(%origin, "a Pod the model refuses: building a new model");
                 return None;
             }
@@ -540,7 +540,7 @@ impl Watches {
     /// warning; a policy it refuses is kept in the version it last accepted, if any.
     pub(crate) fn manifest_set(&self) -> Result<ManifestSet, ManifestErrors> {
         // Copied out under the lock and parsed after it: the watches go on meanwhile.
-        let objects: Vec<(&'static str, String, Value)> = {
+        let objects: Vec<(&'static str, String, Stored)> = {
             let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
             KINDS
                 .iter()
@@ -562,6 +562,7 @@ impl Watches {
         let mut last_good = self.last_good.lock().unwrap_or_else(|e| e.into_inner());
         let mut present = BTreeSet::new();
         for (kind, origin, object) in objects {
+            let object = object.value();
             let policy = matches!(kind, "AuthorizationPolicy" | "PeerAuthentication");
             let refused = if policy {
                 present.insert(origin.clone());
@@ -618,10 +619,7 @@ impl StatusReader {
             .get(kind)
             .into_iter()
             .flatten()
-            .map(|((ns, name), object)| {
-                let status = object.get("status").cloned().unwrap_or(Value::Null);
-                (ns.clone(), name.clone(), status)
-            })
+            .map(|((ns, name), object)| (ns.clone(), name.clone(), object.status()))
             .collect()
     }
 
@@ -633,7 +631,7 @@ impl StatusReader {
             .objects
             .get(kind)?
             .get(&(namespace.to_owned(), name.to_owned()))?;
-        Some(object.get("status").cloned().unwrap_or(Value::Null))
+        Some(object.status())
     }
 }
 
@@ -668,7 +666,11 @@ async fn watch_kind(
             }
             Ok(watcher::Event::InitApply(object)) => {
                 let (key, value) = entry(&kind, object);
-                s.relisting.entry(kind.kind).or_default().insert(key, value);
+                let stored = Stored::of(&value);
+                s.relisting
+                    .entry(kind.kind)
+                    .or_default()
+                    .insert(key, stored);
             }
             Ok(watcher::Event::InitDone) => {
                 let objects = s.relisting.remove(kind.kind).unwrap_or_default();
@@ -685,13 +687,14 @@ async fn watch_kind(
             }
             Ok(watcher::Event::Apply(object)) => {
                 let (key, value) = entry(&kind, object);
+                let stored = Stored::of(&value);
                 let objects = s.objects.entry(kind.kind).or_default();
-                let change = change_of(&kind, objects.get(&key), &value);
+                let change = change_of(&kind, objects.get(&key), &stored, &value);
                 if change == Change::Model {
                     let status_alone = kind.kind == "Pod"
                         && objects
                             .get(&key)
-                            .is_some_and(|old| same_but_status(old, &value));
+                            .is_some_and(|old| same_but_status(&old.value(), &value));
                     if status_alone {
                         s.dirty.pod_statuses.insert(key.clone());
                     } else {
@@ -699,7 +702,7 @@ async fn watch_kind(
                     }
                 }
                 if change != Change::None {
-                    s.objects.entry(kind.kind).or_default().insert(key, value);
+                    s.objects.entry(kind.kind).or_default().insert(key, stored);
                 }
                 drop(s);
                 match change {
@@ -750,12 +753,17 @@ async fn watch_kind(
     }
 }
 
-/// What replacing `old` with `new` changes: a status the control plane writes is not part
-/// of the model, so a status write does not rebuild it.
-fn change_of(kind: &Kind, old: Option<&Value>, new: &Value) -> Change {
+/// What replacing `old` with `new` (stored, and its value) changes: a status the control
+/// plane writes is not part of the model, so a status write does not rebuild it.
+fn change_of(kind: &Kind, old: Option<&Stored>, new: &Stored, value: &Value) -> Change {
     let Some(old) = old else {
         return Change::Model;
     };
+    if old == new {
+        return Change::None;
+    }
+    // The same fields, perhaps in another order.
+    let (old, new) = (&old.value(), value);
     if old == new {
         return Change::None;
     }
@@ -777,6 +785,31 @@ fn same_but_status(a: &Value, b: &Value) -> bool {
         && a.iter()
             .filter(|(k, _)| *k != "status")
             .all(|(k, v)| b.get(k) == Some(v))
+}
+
+/// An object as the store keeps it: its JSON text, compact. Parsed, an object takes several
+/// times the memory its text does, and the store holds every object of every kind read; it
+/// is parsed again when it is read, which is when a model is built or a change compared.
+#[derive(Clone, Debug, PartialEq)]
+struct Stored(Box<str>);
+
+impl Stored {
+    fn of(value: &Value) -> Self {
+        Self(value.to_string().into_boxed_str())
+    }
+
+    fn value(&self) -> Value {
+        // The text is what serde_json wrote: it parses.
+        serde_json::from_str(&self.0).unwrap_or(Value::Null)
+    }
+
+    /// Its `status`; `Value::Null` when it has none.
+    fn status(&self) -> Value {
+        match self.value() {
+            Value::Object(mut map) => map.remove("status").unwrap_or(Value::Null),
+            _ => Value::Null,
+        }
+    }
 }
 
 /// An object as the API server sends it: parsed once into a JSON value, with its metadata
@@ -938,9 +971,30 @@ mod tests {
             .find(|k| k.kind == "Gateway")
             .copied()
             .expect("Gateways");
-        assert_eq!(change_of(&gateways, Some(&listed), &event), Change::Status);
+        let (stored, reordered) = (Stored::of(&listed), Stored::of(&event));
+        assert_ne!(stored, reordered, "the text keeps the order of fields");
+        assert_eq!(stored.value(), listed);
+        assert_eq!(
+            change_of(&gateways, Some(&stored), &reordered, &event),
+            Change::Status
+        );
         // A Pod's status is part of the model.
-        assert_eq!(change_of(&pods, Some(&listed), &event), Change::Model);
+        assert_eq!(
+            change_of(&pods, Some(&stored), &reordered, &event),
+            Change::Model
+        );
+        // The same fields in another order change nothing.
+        let same: Value = serde_json::from_str(
+            r#"{"status": {"ready": true}, "spec": {"x": 1}, "metadata": {"name": "a"}}"#,
+        )
+        .expect("JSON");
+        let same_stored = Stored::of(&same);
+        assert_ne!(stored, same_stored);
+        assert_eq!(
+            change_of(&pods, Some(&stored), &same_stored, &same),
+            Change::None
+        );
+        assert_eq!(stored.status(), json!({"ready": true}));
         let respec =
             json!({"metadata": {"name": "a"}, "spec": {"x": 2}, "status": {"ready": true}});
         assert!(!same_but_status(&listed, &respec));

@@ -578,6 +578,12 @@ fn digest(entry: impl Hash) -> u128 {
     (u128::from(high) << 64) | u128::from(low)
 }
 
+/// A keyed 64-bit hash of a resource version, to tell versions apart without keeping them.
+pub(crate) fn version_key(version: &str) -> u64 {
+    // The low half of the 128-bit digest.
+    digest((3u8, version)) as u64
+}
+
 fn resource_digest(name: &str, r: &VersionedResource) -> u128 {
     digest((0u8, name, r.version.as_str()))
 }
