@@ -143,9 +143,28 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    purge_at_once();
     let log_filter = init_logging_with_filter();
     let args = Args::parse();
     meshkit_cli::run_main("control-plane", 2, run(args, log_filter))
+}
+
+/// mimalloc's `purge_delay` option (its index in mimalloc 3's `mi_option_e`).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Makes mimalloc return freed memory to the kernel as soon as it is free, rather than a
+/// second later (its default) on some later allocation. The control plane's memory comes in bursts (a list of
+/// every object, the first push to each node proxy, a model built anew) and then sits: with
+/// the delay, what a burst freed stays resident until the next one. Measured beside istiod
+/// (docs/performance.md), it is about 40 MiB less after sync, at no measurable cost per
+/// change. The proxies keep the delay: their buffers are reused at once.
+#[allow(unsafe_code)]
+fn purge_at_once() {
+    // SAFETY: `mi_option_set` takes any option and value; it is called before any other
+    // thread exists.
+    unsafe {
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+    }
 }
 
 async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
