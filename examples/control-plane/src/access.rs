@@ -28,7 +28,7 @@
 //! are sent no Secrets, Ingresses or Envoy resources at all. The views are computed once per
 //! snapshot and role and shared by all streams of that role.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use meshkit_ingress_model::{Ingress, IngressClass};
@@ -40,7 +40,7 @@ use meshkit_mesh::resources::{
 use meshkit_xds_client::SECRET_TYPE_URL;
 use meshkit_xds_server::envoy_types::pb::envoy::config::core::v3::Node;
 use meshkit_xds_server::{
-    AccessPolicy, Change, Snapshot, StreamAccess, TypeSnapshot, VersionedResource,
+    AccessPolicy, Change, Resources, Snapshot, StreamAccess, TypeSnapshot, VersionedResource,
 };
 use prost::Message;
 use tonic::Status;
@@ -103,8 +103,21 @@ impl Views {
             Some(changes) => {
                 self.by_role
                     .retain(|role, _| matches!(role, XdsRole::Node(_)));
+                // The shared Addresses take the changes too, and the views that are them
+                // plus nothing hold them in its memory again.
+                let shared = self.addresses.as_mut().and_then(Arc::get_mut).map(|index| {
+                    let shared = &mut index.shared.addresses;
+                    if let Some(put) = put_held(shared, &changes) {
+                        *shared = put;
+                    }
+                    shared.resources().clone()
+                });
+                if shared.is_none() {
+                    // Held elsewhere (never while the lock is): indexed anew when next needed.
+                    self.addresses = None;
+                }
                 for view in self.by_role.values_mut() {
-                    *view = Arc::new(patched(view, &changes));
+                    *view = Arc::new(patched(view, &changes, shared.as_ref()));
                 }
             }
             None => {
@@ -208,6 +221,20 @@ impl std::fmt::Display for XdsRole {
 #[derive(Debug, Default)]
 struct AddressIndex {
     by_name: HashMap<String, AddressEntry>,
+    /// The names of each node's workloads.
+    by_node: HashMap<String, Vec<String>>,
+    /// What every node's view starts from (see [`Shared`]).
+    shared: Shared,
+}
+
+/// The Addresses sent to every node (services, and workloads that back one), each under the
+/// aliases it alone claims among them: every node's view is this with its own node's other
+/// workloads put in, so the views share one copy of it.
+#[derive(Debug, Default)]
+struct Shared {
+    addresses: TypeSnapshot,
+    /// Aliases that two or more of them claim (and so stand for none).
+    contested: HashSet<String>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -225,12 +252,63 @@ impl AddressIndex {
         let Some(addresses) = snapshot.get_type(ADDRESS_TYPE_URL) else {
             return Self::default();
         };
-        let by_name = addresses
+        let by_name: HashMap<String, AddressEntry> = addresses
             .resources()
             .iter()
             .filter_map(|(name, r)| Some((name.to_owned(), AddressEntry::of(r)?)))
             .collect();
-        Self { by_name }
+        let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
+        for (name, entry) in &by_name {
+            if let Some(node) = &entry.node {
+                by_node.entry(node.clone()).or_default().push(name.clone());
+            }
+        }
+        let everywhere = by_name.iter().filter(|(_, e)| e.everywhere);
+        let claims = Claims::of(everywhere.map(|(name, e)| (name.as_str(), e)));
+        let kept = addresses.filtered(|name, _| by_name.get(name).is_some_and(|e| e.everywhere));
+        let shared = Shared {
+            addresses: kept.with_aliases(claims.unique()),
+            contested: claims.contested().map(str::to_owned).collect(),
+        };
+        Self {
+            by_name,
+            by_node,
+            shared,
+        }
+    }
+}
+
+/// Which resources claim each alias (a resource that lists one twice claims it once).
+struct Claims<'a>(BTreeMap<&'a str, BTreeSet<&'a str>>);
+
+impl<'a> Claims<'a> {
+    fn of(entries: impl Iterator<Item = (&'a str, &'a AddressEntry)>) -> Self {
+        let mut claims: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for (name, entry) in entries {
+            for alias in &entry.aliases {
+                claims.entry(alias).or_default().insert(name);
+            }
+        }
+        Self(claims)
+    }
+
+    /// The aliases one resource alone claims, with it.
+    fn unique(&self) -> impl Iterator<Item = (String, String)> + '_ {
+        self.0
+            .iter()
+            .filter_map(|(alias, names)| match names.len() {
+                1 => names
+                    .first()
+                    .map(|n| ((*alias).to_owned(), (*n).to_owned())),
+                _ => None,
+            })
+    }
+
+    fn contested(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.0
+            .iter()
+            .filter(|(_, names)| names.len() > 1)
+            .map(|(alias, _)| *alias)
     }
 }
 
@@ -317,21 +395,36 @@ fn address_changes(
     Some(changed)
 }
 
-/// `view` with each of `changed` that it holds put in place.
-fn patched(view: &Snapshot, changed: &[(String, Arc<VersionedResource>)]) -> Snapshot {
+/// `view` with each of `changed` that it holds put in place, its Addresses held in
+/// `shared`'s memory when they are the same (see [`Shared`]).
+fn patched(
+    view: &Snapshot,
+    changed: &[(String, Arc<VersionedResource>)],
+    shared: Option<&Resources>,
+) -> Snapshot {
     let Some(addresses) = view.get_type(ADDRESS_TYPE_URL) else {
         return view.clone();
     };
+    let Some(mut put) = put_held(addresses, changed) else {
+        return view.clone();
+    };
+    if let Some(shared) = shared {
+        put = put.sharing(shared);
+    }
+    view.clone().with_type(ADDRESS_TYPE_URL, put)
+}
+
+/// `addresses` with each of `changed` that it holds put in place; `None` when it holds none.
+fn put_held(
+    addresses: &TypeSnapshot,
+    changed: &[(String, Arc<VersionedResource>)],
+) -> Option<TypeSnapshot> {
     let held = changed
         .iter()
         .filter(|(name, _)| addresses.resources().contains_key(name))
         .map(|(name, r)| (name.clone(), Arc::clone(r)))
         .collect::<Vec<_>>();
-    if held.is_empty() {
-        return view.clone();
-    }
-    view.clone()
-        .with_type(ADDRESS_TYPE_URL, addresses.clone().with_versioned(held))
+    (!held.is_empty()).then(|| addresses.clone().with_versioned(held))
 }
 
 fn node_view(snapshot: &Snapshot, node: &str, index: &AddressIndex) -> Snapshot {
@@ -341,15 +434,9 @@ fn node_view(snapshot: &Snapshot, node: &str, index: &AddressIndex) -> Snapshot 
     // For a node proxy in on-demand mode (ztunnel's XDS_ON_DEMAND, which subscribes to no
     // Address by name at first): its own node's workloads without asking, and every kept
     // workload and service by the names it asks for them by.
-    let own = index
-        .by_name
-        .iter()
-        .filter(|(_, e)| e.node.as_deref() == Some(node));
-    let implicit: Vec<String> = own.map(|(name, _)| name.clone()).collect();
-    let kept = kept_addresses(addresses, index, |e| {
-        e.everywhere || e.node.as_deref() == Some(node)
-    });
-    let view = Snapshot::new().with_type(ADDRESS_TYPE_URL, kept.with_implicit(implicit));
+    let own = index.by_node.get(node).map_or(&[][..], Vec::as_slice);
+    let kept = with_own(&index.shared, addresses, own, &index.by_name);
+    let view = Snapshot::new().with_type(ADDRESS_TYPE_URL, kept.with_implicit(own.to_vec()));
     // Every policy: a GLOBAL or NAMESPACE policy applies to workloads by scope, not by name,
     // so no subset is safe to leave out.
     match snapshot.get_type(AUTHORIZATION_TYPE_URL) {
@@ -358,32 +445,48 @@ fn node_view(snapshot: &Snapshot, node: &str, index: &AddressIndex) -> Snapshot 
     }
 }
 
-/// The Addresses of `addresses` whose index entries `keep` selects, each also under the
-/// addresses and host name it alone claims among them: an address or host name that two kept
-/// resources claim stands for neither (a resource that lists one twice claims it once).
-fn kept_addresses(
+/// The shared Addresses with a node's own workloads that are not among them put in: each
+/// also under the aliases it alone claims among all kept, and an alias of the shared ones
+/// that one of them also claims taken away.
+fn with_own(
+    shared: &Shared,
     addresses: &TypeSnapshot,
-    index: &AddressIndex,
-    keep: impl Fn(&AddressEntry) -> bool,
+    own: &[String],
+    by_name: &HashMap<String, AddressEntry>,
 ) -> TypeSnapshot {
-    let mut aliases = BTreeSet::new();
-    let kept = addresses.filtered(|name, _| {
-        let Some(entry) = index.by_name.get(name).filter(|e| keep(e)) else {
-            return false;
-        };
-        aliases.extend(entry.aliases.iter().map(|a| (a.clone(), name.to_owned())));
-        true
-    });
-    let mut claims: HashMap<&str, usize> = HashMap::new();
-    for (alias, _) in &aliases {
-        *claims.entry(alias.as_str()).or_default() += 1;
-    }
-    let unique: Vec<(String, String)> = aliases
+    let extra: Vec<(&str, &AddressEntry)> = own
         .iter()
-        .filter(|(alias, _)| claims[alias.as_str()] == 1)
-        .cloned()
+        .filter_map(|name| Some((name.as_str(), by_name.get(name)?)))
+        .filter(|(_, e)| !e.everywhere)
         .collect();
-    kept.with_aliases(unique)
+    if extra.is_empty() {
+        return shared.addresses.clone();
+    }
+    let claims = Claims::of(extra.iter().copied());
+    // An alias one shared resource claims stands for it in the shared aliases; one that two
+    // claim is contested. Either way, a claim by an extra workload leaves it to none.
+    let claimed_before =
+        |alias: &str| shared.addresses.alias(alias).is_some() || shared.contested.contains(alias);
+    let taken: Vec<&str> = claims
+        .0
+        .keys()
+        .copied()
+        .filter(|a| shared.addresses.alias(a).is_some())
+        .collect();
+    let unique: Vec<(String, String)> = claims
+        .unique()
+        .filter(|(alias, _)| !claimed_before(alias))
+        .collect();
+    let put = extra.iter().filter_map(|(name, _)| {
+        let (name, r) = addresses.resources().get_key_value(name)?;
+        Some((name.to_owned(), Arc::clone(r)))
+    });
+    shared
+        .addresses
+        .clone()
+        .with_versioned(put.collect::<Vec<_>>())
+        .without_aliases(taken)
+        .with_aliases(unique)
 }
 
 /// A gateway's view: everything but Secrets that no Ingress of its class and no Gateway
@@ -876,6 +979,112 @@ spec:
         b.build()
     }
 
+    /// A node's view as it is defined (see the module table): every service, every workload
+    /// that backs one, and the node's own workloads, each also under the aliases it alone
+    /// claims among them, the node's own workloads implicit; built from nothing shared.
+    fn node_view_by_definition(snapshot: &Snapshot, node: &str) -> Snapshot {
+        let index = AddressIndex::of(snapshot);
+        let keep = |e: &AddressEntry| e.everywhere || e.node.as_deref() == Some(node);
+        let addresses = snapshot.get_type(ADDRESS_TYPE_URL).expect("Addresses");
+        let kept = addresses.filtered(|name, _| index.by_name.get(name).is_some_and(keep));
+        let mut pairs = BTreeSet::new();
+        for (name, entry) in index.by_name.iter().filter(|(_, e)| keep(e)) {
+            pairs.extend(entry.aliases.iter().map(|a| (a.clone(), name.clone())));
+        }
+        let mut claims: HashMap<&str, usize> = HashMap::new();
+        for (alias, _) in &pairs {
+            *claims.entry(alias.as_str()).or_default() += 1;
+        }
+        let unique = pairs
+            .iter()
+            .filter(|(a, _)| claims[a.as_str()] == 1)
+            .cloned();
+        let own = index
+            .by_name
+            .iter()
+            .filter(|(_, e)| e.node.as_deref() == Some(node));
+        let kept = kept
+            .with_aliases(unique)
+            .with_implicit(own.map(|(name, _)| name.clone()));
+        let view = Snapshot::new().with_type(ADDRESS_TYPE_URL, kept);
+        match snapshot.get_type(AUTHORIZATION_TYPE_URL) {
+            Some(policies) => view.with_type(AUTHORIZATION_TYPE_URL, policies.clone()),
+            None => view,
+        }
+    }
+
+    /// A mesh of services and workloads on nodes `a` to `c` whose addresses and host names
+    /// are drawn from small sets, so that they collide, and may name another resource.
+    fn colliding_mesh(services: &[(u8, u8)], workloads: &[(u8, bool, Vec<u8>)]) -> Snapshot {
+        use meshkit_mesh::proto::workload::{NetworkAddress, Service, Workload};
+        let mut b = SnapshotBuilder::new();
+        b.declare(AUTHORIZATION_TYPE_URL).declare(ADDRESS_TYPE_URL);
+        let hostnames = ["web.shop", "api.shop", "c//Pod/shop/w0", "shop/s1"];
+        for (i, (ip, host)) in services.iter().enumerate() {
+            let service = Service {
+                name: format!("s{i}"),
+                namespace: "shop".into(),
+                hostname: hostnames[usize::from(*host) % hostnames.len()].into(),
+                addresses: vec![NetworkAddress {
+                    network: String::new(),
+                    address: vec![10, 0, 0, *ip],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            let address = Address {
+                r#type: Some(address::Type::Service(service)),
+            };
+            b.add(ADDRESS_TYPE_URL, &format!("shop/s{i}"), &address);
+        }
+        for (i, (node, backs, ips)) in workloads.iter().enumerate() {
+            let uid = format!("c//Pod/shop/w{i}");
+            let workload = Workload {
+                uid: uid.clone(),
+                node: ["a", "b", "c"][usize::from(*node) % 3].into(),
+                addresses: ips.iter().map(|ip| vec![10, 0, 0, *ip]).collect(),
+                services: if *backs {
+                    [("shop/s0".to_owned(), Default::default())].into()
+                } else {
+                    Default::default()
+                },
+                ..Default::default()
+            };
+            let address = Address {
+                r#type: Some(address::Type::Workload(workload)),
+            };
+            b.add(ADDRESS_TYPE_URL, &uid, &address);
+        }
+        b.build()
+    }
+
+    proptest::proptest! {
+        /// Views built on the shared Addresses are the views as defined, aliases and
+        /// versions included, whatever collides.
+        #[test]
+        fn node_views_on_the_shared_addresses_are_the_views_as_defined(
+            services in proptest::collection::vec((0u8..6, 0u8..4), 0..4),
+            workloads in proptest::collection::vec(
+                (0u8..3, proptest::bool::ANY, proptest::collection::vec(0u8..6, 0..3)),
+                0..8,
+            ),
+        ) {
+            let snapshot = colliding_mesh(&services, &workloads);
+            for node in ["a", "b", "c", "elsewhere"] {
+                let view = XdsRole::Node(node.into()).view(&snapshot);
+                let defined = node_view_by_definition(&snapshot, node);
+                let (got, want) = (
+                    view.get_type(ADDRESS_TYPE_URL).expect("Addresses"),
+                    defined.get_type(ADDRESS_TYPE_URL).expect("Addresses"),
+                );
+                for alias in want.resources().keys().chain(["10.0.0.0", "/10.0.0.1", "web.shop"]) {
+                    proptest::prop_assert_eq!(got.alias(alias), want.alias(alias));
+                }
+                proptest::prop_assert_eq!(&view, &defined, "node {}", node);
+            }
+        }
+    }
+
     #[test]
     fn views_patched_in_place_are_the_views_built_anew() {
         let (healthy, unhealthy) = (1, 0);
@@ -884,13 +1093,15 @@ spec:
         let changed = mesh(healthy, "b");
         let changes = address_changes(&old, &changed, &index).expect("only statuses changed");
         assert_eq!(changes.len(), 2);
+        let shared = put_held(&index.shared.addresses, &changes).expect("shared");
         for node in ["a", "b", "c"] {
             let role = XdsRole::Node(node.into());
-            assert_eq!(
-                patched(&role.view(&old), &changes),
-                role.view(&changed),
-                "node {node}"
-            );
+            let view = patched(&role.view(&old), &changes, Some(shared.resources()));
+            assert_eq!(view, role.view(&changed), "node {node}");
+            // Node b's view is the shared Addresses and its lone workload; the others are
+            // the shared ones alone, and hold them in the same memory.
+            let addresses = view.get_type(ADDRESS_TYPE_URL).expect("Addresses");
+            assert_eq!(addresses.resources().same(shared.resources()), node != "b");
         }
         // A workload that moves to another node changes who is sent it: views are built anew.
         assert!(address_changes(&old, &mesh(unhealthy, "a"), &index).is_none());

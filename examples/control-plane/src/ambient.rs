@@ -586,6 +586,74 @@ fn slice_service(slice: &EndpointSlice) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// Leaves of a Pod, as JSON, what the model reads of it ([`pod_workload`],
+/// [`container_port`]): all of its metadata; of its spec the node, ServiceAccount and host
+/// network, and the named TCP ports of its containers and of the init containers that keep
+/// running (containers with none are dropped); of its status the phase, the IPs and each
+/// condition's type and status. The rest (images, environment, volumes, probes, container
+/// states) is dropped as a Pod is read: the store and the model hold every Pod of the
+/// cluster, and a change to what is dropped is then no change at all.
+pub(crate) fn trim_pod(pod: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(pod) = pod else {
+        return;
+    };
+    if let Some(Value::Object(spec)) = pod.get_mut("spec") {
+        spec.retain(|field, _| {
+            matches!(
+                field.as_str(),
+                "nodeName" | "serviceAccountName" | "hostNetwork" | "containers" | "initContainers"
+            )
+        });
+        for (field, sidecars_only) in [("containers", false), ("initContainers", true)] {
+            if let Some(Value::Array(containers)) = spec.get_mut(field) {
+                containers.retain_mut(|c| trim_container(c, sidecars_only));
+            }
+        }
+    }
+    if let Some(Value::Object(status)) = pod.get_mut("status") {
+        status.retain(|field, _| {
+            matches!(field.as_str(), "phase" | "podIP" | "podIPs" | "conditions")
+        });
+        if let Some(Value::Array(conditions)) = status.get_mut("conditions") {
+            for condition in conditions.iter_mut().filter_map(Value::as_object_mut) {
+                condition.retain(|field, _| field == "type" || field == "status");
+            }
+        }
+    }
+}
+
+/// A container as [`container_port`] reads it: its name and named TCP ports (and, for an
+/// init container, that it keeps running); `false` when it has nothing to read.
+fn trim_container(container: &mut serde_json::Value, sidecars_only: bool) -> bool {
+    use serde_json::Value;
+    let Value::Object(container) = container else {
+        return false;
+    };
+    if sidecars_only && container.get("restartPolicy").and_then(Value::as_str) != Some("Always") {
+        return false;
+    }
+    container.retain(|field, _| matches!(field.as_str(), "name" | "ports" | "restartPolicy"));
+    let Some(Value::Array(ports)) = container.get_mut("ports") else {
+        return false;
+    };
+    ports.retain_mut(|port| {
+        let Value::Object(port) = port else {
+            return false;
+        };
+        let named = port
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty());
+        let tcp = port
+            .get("protocol")
+            .is_none_or(|p| p.as_str() == Some("TCP"));
+        port.retain(|field, _| matches!(field.as_str(), "name" | "containerPort" | "protocol"));
+        named && tcp
+    });
+    !ports.is_empty()
+}
+
 /// The number of the Pod's TCP container port named `name` (native sidecars, init
 /// containers that keep running, count too).
 fn container_port(pod: &Pod, name: &str) -> Option<u32> {
@@ -891,6 +959,60 @@ mod tests {
             assert!(errors.is_empty(), "{errors:?}");
         }
         set
+    }
+
+    #[test]
+    fn a_pod_trimmed_is_read_as_it_was_whole() {
+        use serde_json::json;
+        let whole = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-0", "namespace": "shop", "uid": "u1",
+                "labels": {"app": "web"}, "generateName": "web-",
+                "annotations": {"ambient.istio.io/redirection": "enabled"}},
+            "spec": {"nodeName": "n1", "serviceAccountName": "web", "hostNetwork": false,
+                "restartPolicy": "Always", "volumes": [{"name": "data", "emptyDir": {}}],
+                "containers": [
+                    {"name": "app", "image": "app:1", "env": [{"name": "A", "value": "b"}],
+                     "ports": [{"name": "http", "containerPort": 8080},
+                               {"containerPort": 9090},
+                               {"name": "dns", "containerPort": 53, "protocol": "UDP"}]},
+                    {"name": "log", "image": "log:1"}],
+                "initContainers": [
+                    {"name": "proxy", "restartPolicy": "Always",
+                     "ports": [{"name": "admin", "containerPort": 15000, "protocol": "TCP"}]},
+                    {"name": "setup", "ports": [{"name": "setup", "containerPort": 1}]}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
+                "hostIP": "192.168.0.1",
+                "conditions": [{"type": "Ready", "status": "True",
+                                "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "containerStatuses": [{"name": "app", "ready": true, "restartCount": 3,
+                                       "image": "app:1", "imageID": "x"}]}});
+        let mut trimmed = whole.clone();
+        trim_pod(&mut trimmed);
+        assert_eq!(
+            trimmed,
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": whole["metadata"],
+                "spec": {"nodeName": "n1", "serviceAccountName": "web", "hostNetwork": false,
+                    "containers": [{"name": "app", "ports": [{"name": "http", "containerPort": 8080}]}],
+                    "initContainers": [{"name": "proxy", "restartPolicy": "Always",
+                        "ports": [{"name": "admin", "containerPort": 15000, "protocol": "TCP"}]}]},
+                "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
+                    "conditions": [{"type": "Ready", "status": "True"}]}})
+        );
+        let pod =
+            |v: &serde_json::Value| -> Pod { serde_json::from_value(v.clone()).expect("a Pod") };
+        let (whole, trimmed) = (pod(&whole), pod(&trimmed));
+        for port in ["http", "dns", "admin", "setup", "none"] {
+            assert_eq!(
+                container_port(&whole, port),
+                container_port(&trimmed, port),
+                "{port}"
+            );
+        }
+        let set = ManifestSet::default();
+        let options = TranslateOptions::default();
+        let read = |p: &Pod| pod_workload(p, &set, &options, "").map(|w| w.workload);
+        assert_eq!(read(&whole), read(&trimmed));
+        assert!(read(&whole).is_some());
     }
 
     #[test]

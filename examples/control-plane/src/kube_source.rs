@@ -869,10 +869,14 @@ impl kube::Resource for RawObject {
     }
 }
 
+/// The annotation `kubectl apply` keeps the whole object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// The store's key and value of an object: `apiVersion` and `kind` set (list items come
-/// without them); `managedFields` left out (nothing reads them, and they are often the larger
-/// part of an object), and `resourceVersion` (it changes with every write, a status write
-/// too, and nothing served depends on it).
+/// without them); `managedFields` and kubectl's last applied configuration left out (nothing
+/// reads them, and they are often the larger part of an object), and `resourceVersion` (it
+/// changes with every write, a status write too, and nothing served depends on it); a Pod
+/// trimmed to what the model reads of it ([`crate::ambient::trim_pod`]).
 fn entry(kind: &Kind, object: RawObject) -> ((String, String), Value) {
     let RawObject {
         metadata,
@@ -888,7 +892,13 @@ fn entry(kind: &Kind, object: RawObject) -> ((String, String), Value) {
         if let Some(Value::Object(meta)) = map.get_mut("metadata") {
             meta.remove("managedFields");
             meta.remove("resourceVersion");
+            if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
+                annotations.remove(LAST_APPLIED);
+            }
         }
+    }
+    if kind.kind == "Pod" {
+        crate::ambient::trim_pod(&mut value);
     }
     (key, value)
 }

@@ -389,7 +389,11 @@ impl ManifestSet {
                 false,
             ),
             ("Node", "v1") => add_core(&mut self.nodes, &mut self.core_keys, "Node", value, false),
-            ("Pod", "v1") => add_core(&mut self.pods, &mut self.core_keys, "Pod", value, true),
+            ("Pod", "v1") => {
+                let mut value = value;
+                crate::ambient::trim_pod(&mut value);
+                add_core(&mut self.pods, &mut self.core_keys, "Pod", value, true)
+            }
             ("Service", "v1") => add_core(
                 &mut self.services,
                 &mut self.core_keys,

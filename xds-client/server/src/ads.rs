@@ -17,9 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
@@ -33,6 +31,7 @@ use crate::admission::{Admission, AdmissionDeadline};
 use crate::config::ServerConfig;
 pub use crate::delta::DeltaStream;
 use crate::error::RequestError;
+pub use crate::grpc::AdsService;
 use crate::io::Io;
 use crate::limits::Gauge;
 use crate::observer::RequestObserver;
@@ -202,15 +201,15 @@ impl AdsServer {
         lock(&self.hub.sotw).len() + lock(&self.hub.delta).len()
     }
 
-    /// The tonic service, with the message size limits of the [`ServerConfig`].
-    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<Self> {
+    /// The tonic service, with the message size limits of the [`ServerConfig`]. Each
+    /// response is encoded into a buffer of its own size, freed once written
+    /// ([`AdsService`]).
+    pub fn into_service(self) -> AdsService {
         let (decode, encode) = (
             self.config.max_decoding_message_size,
             self.config.max_encoding_message_size,
         );
-        AggregatedDiscoveryServiceServer::new(self)
-            .max_decoding_message_size(decode)
-            .max_encoding_message_size(encode)
+        AdsService::new(self, decode, encode)
     }
 
     /// Serves on `listener` until `shutdown` completes, then waits for open connections to

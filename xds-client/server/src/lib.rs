@@ -88,6 +88,7 @@ pub mod ads;
 mod config;
 mod delta;
 mod error;
+mod grpc;
 mod io;
 mod limits;
 mod observer;
@@ -110,7 +111,7 @@ pub mod envoy {
 
 pub use access::{AccessPolicy, StreamAccess};
 pub use admission::{Admission, AdmissionDeadline};
-pub use ads::{AdsServer, DeltaStream, SotwStream};
+pub use ads::{AdsServer, AdsService, DeltaStream, SotwStream};
 pub use config::ServerConfig;
 pub use error::RequestError;
 pub use observer::RequestObserver;

@@ -411,6 +411,21 @@ impl TypeSnapshot {
         self
     }
 
+    /// The same resources without these aliases ([`with_aliases`](Self::with_aliases)); an
+    /// alias the type does not have is ignored.
+    pub fn without_aliases<'a>(mut self, aliases: impl IntoIterator<Item = &'a str>) -> Self {
+        for alias in aliases {
+            // Looked up first, as in `with_versioned`.
+            if self.aliases.contains_key(alias)
+                && let Some(name) = self.aliases.remove(alias)
+            {
+                self.content = self.content.wrapping_sub(alias_digest(alias, &name));
+            }
+        }
+        self.restate();
+        self
+    }
+
     /// The same resources, with these (of its names) sent to every Delta subscriber of the
     /// type, including one that subscribed to no name (ztunnel's on-demand mode, which
     /// expects the workloads of its own node without asking). A name the type does not
@@ -536,14 +551,36 @@ impl TypeSnapshot {
     /// per-client view of a type without re-encoding or re-hashing its resources. Aliases and
     /// implicit names are not carried over: set them on the view.
     pub fn filtered(&self, mut keep: impl FnMut(&str, &VersionedResource) -> bool) -> Self {
-        let resources: Resources = self
-            .resources
-            .0
-            .iter()
-            .filter(|(name, r)| keep(name, r))
-            .map(|(name, r)| (Arc::clone(name), Arc::clone(r)))
-            .collect();
+        let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+        for (name, r) in self.resources.0.iter() {
+            if keep(name, r) {
+                kept.push((Arc::clone(name), Arc::clone(r)));
+            } else {
+                dropped.push(name);
+            }
+        }
+        // Most kept: the map less what is dropped, sharing the rest with this type's.
+        let resources = if dropped.len() <= kept.len() {
+            let mut map = self.resources.0.clone();
+            for name in dropped {
+                map.remove(name);
+            }
+            Resources(map)
+        } else {
+            kept.into_iter().collect()
+        };
         Self::of(resources, self.explicit.then(|| self.version.clone()))
+    }
+
+    /// The same type with its resources held in `other`'s memory when the two hold the same
+    /// resources; nothing it serves changes. A view derived from a type in the same steps as
+    /// the type (the same resources put in place) then shares its memory again, rather than
+    /// each holding its own copy of what was put.
+    pub fn sharing(mut self, other: &Resources) -> Self {
+        if !self.resources.same(other) && self.resources == *other {
+            self.resources = other.clone();
+        }
+        self
     }
 
     /// The content hash, whatever the version is.
@@ -690,6 +727,49 @@ mod tests {
         let plain = Snapshot::new().with_type(A, TypeSnapshot::new([("a".into(), any(b"1"))]));
         assert_eq!(s.get(A, "a"), plain.get(A, "a"));
         assert_ne!(s, plain);
+    }
+
+    #[test]
+    fn a_type_filtered_or_put_back_shares_its_sources_memory() {
+        let all = TypeSnapshot::new((0..100).map(|i| (format!("r{i:02}"), any(&[i]))));
+        let most = all.filtered(|name, _| name != "r05");
+        let built = TypeSnapshot::new(
+            (0..100)
+                .filter(|i| *i != 5)
+                .map(|i| (format!("r{i:02}"), any(&[i]))),
+        );
+        assert_eq!((most.version(), &most), (built.version(), &built));
+        assert!(Arc::ptr_eq(
+            &all.resources()["r06"],
+            &most.resources()["r06"]
+        ));
+        let few = all.filtered(|name, _| name == "r05");
+        assert_eq!(few.resources().keys().collect::<Vec<_>>(), ["r05"]);
+        // Put back, it is the source again, and held in its memory once shared.
+        let back = most.with_versioned([("r05".to_owned(), Arc::clone(&all.resources()["r05"]))]);
+        assert_eq!((back.version(), &back), (all.version(), &all));
+        assert!(!back.resources().same(all.resources()));
+        let back = back.sharing(all.resources());
+        assert!(back.resources().same(all.resources()));
+        assert_eq!(back, all);
+        // Not the same resources: nothing shared.
+        assert!(
+            !few.sharing(all.resources())
+                .resources()
+                .same(all.resources())
+        );
+    }
+
+    #[test]
+    fn aliases_taken_away_are_as_never_given() {
+        let plain = TypeSnapshot::new([("a".into(), any(b"1")), ("b".into(), any(b"2"))]);
+        let both = plain
+            .clone()
+            .with_aliases([("x".into(), "a".into()), ("y".into(), "b".into())]);
+        let one = both.without_aliases(["x", "not-an-alias"]);
+        let given = plain.with_aliases([("y".into(), "b".into())]);
+        assert_eq!((one.version(), &one), (given.version(), &given));
+        assert_eq!(one.alias("x"), None);
     }
 
     #[test]

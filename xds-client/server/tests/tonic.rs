@@ -349,6 +349,69 @@ async fn a_type_the_server_does_not_serve_gets_no_answer() {
     drop((tx, dtx));
 }
 
+#[tokio::test]
+async fn a_compressed_request_or_an_unknown_method_is_unimplemented() {
+    let s = start(ServerConfig::default(), false).await;
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let service = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+    for (method, encoding) in [
+        ("StreamAggregatedResources", Some("gzip")),
+        ("DeltaAggregatedResources", Some("deflate")),
+        ("FetchSomething", None),
+    ] {
+        let mut request = http::Request::post(format!("http://{}/{service}/{method}", s.addr))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        if let Some(encoding) = encoding {
+            request = request.header("grpc-encoding", encoding);
+        }
+        let (response, _send) = client
+            .send_request(request.body(()).unwrap(), false)
+            .unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(
+            response.headers()["grpc-status"],
+            (Code::Unimplemented as i32).to_string().as_str(),
+            "{method} {encoding:?}"
+        );
+        client = client.ready().await.unwrap();
+    }
+    // Uncompressed (`identity` says so too), a stream opens and is answered.
+    let request = http::Request::post(format!(
+        "http://{}/{service}/StreamAggregatedResources",
+        s.addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("grpc-encoding", "identity")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    let body = prost::Message::encode_to_vec(&DiscoveryRequest {
+        type_url: A.into(),
+        ..Default::default()
+    });
+    let mut framed = vec![0];
+    framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&body);
+    send.send_data(framed.into(), false).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.headers()["content-type"], "application/grpc");
+    let mut body = response.into_body();
+    let data = body.data().await.expect("a response").unwrap();
+    let len = u32::from_be_bytes(data[1..5].try_into().unwrap()) as usize;
+    assert_eq!(
+        (data[0], data.len()),
+        (0, 5 + len),
+        "one message per data chunk"
+    );
+    let pushed: DiscoveryResponse = prost::Message::decode(&data[5..]).unwrap();
+    assert_eq!(pushed.type_url, A);
+}
+
 #[test]
 fn public_types_are_send_sync_unpin() {
     fn send_sync_unpin<T: Send + Sync + Unpin>() {}
