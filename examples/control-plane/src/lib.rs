@@ -809,6 +809,8 @@ struct Applier {
 
 /// A model as it is served.
 struct Served {
+    /// The objects it was derived from, but its Pods: those are the larger part of a
+    /// cluster, and each is in `derived` as its workload.
     set: ManifestSet,
     derived: ambient::Derived,
     network: String,
@@ -818,25 +820,13 @@ struct Served {
 }
 
 impl Served {
-    /// Where `pod` goes in place of the Pod of its name (its index in the model's Pods and
-    /// its workload's in the workloads), and its workload: when the workload it had and the
-    /// one it has differ in status alone. Otherwise why not.
+    /// Where `pod`'s workload goes in place of the one it had (its index in the workloads),
+    /// and the workload: when the two differ in status alone. Otherwise why not.
     fn in_place(
         &self,
         pod: &k8s_openapi::api::core::v1::Pod,
         options: &TranslateOptions,
-    ) -> Result<(usize, usize, ambient::MeshWorkload), &'static str> {
-        fn key_of(p: &k8s_openapi::api::core::v1::Pod) -> (&Option<String>, &Option<String>) {
-            (&p.metadata.namespace, &p.metadata.name)
-        }
-        let key = key_of(pod);
-        // The Kubernetes source gives the Pods in order of namespace and name; any other
-        // order is searched through.
-        let at = match self.set.pods.binary_search_by(|p| key_of(p).cmp(&key)) {
-            Ok(at) => Some(at),
-            Err(_) => self.set.pods.iter().position(|p| key_of(p) == key),
-        }
-        .ok_or("a Pod the model does not hold")?;
+    ) -> Result<(usize, ambient::MeshWorkload), &'static str> {
         let new = ambient::pod_workload(pod, &self.set, options, &self.network)
             .ok_or("a Pod that loses its workload")?;
         let index = (self.derived.workloads)
@@ -848,7 +838,7 @@ impl Served {
         if unchanged != *old {
             return Err("a workload that changes more than its status");
         }
-        Ok((at, index, new))
+        Ok((index, new))
     }
 }
 
@@ -879,7 +869,7 @@ impl Applier {
         let mut changes = Vec::with_capacity(pods.len());
         for pod in pods {
             match served.in_place(&pod, &self.translate) {
-                Ok((at, index, workload)) => changes.push((at, index, pod, workload)),
+                Ok((index, workload)) => changes.push((index, workload)),
                 Err(why) => {
                     tracing::debug!(pod = ?pod.metadata.name, why, "building a new model");
                     return false;
@@ -887,14 +877,13 @@ impl Applier {
             }
         }
         let mut addresses = Vec::with_capacity(changes.len());
-        for (at, index, pod, workload) in changes {
+        for (index, workload) in changes {
             let address = translate::workload_address(&workload, &served.workload_policies);
             let any = envoy_types::pb::google::protobuf::Any {
                 type_url: ADDRESS_TYPE_URL.to_owned(),
                 value: prost::Message::encode_to_vec(&address),
             };
             addresses.push((workload.workload.uid.clone(), any));
-            served.set.pods[at] = pod;
             served.derived.workloads[index] = workload;
         }
         let types = served.snapshot.get_type(ADDRESS_TYPE_URL);
@@ -964,6 +953,8 @@ impl Applier {
                     http_routes = set.gateway_api.http_routes.len(),
                     "manifests loaded"
                 );
+                let mut set = set;
+                set.pods = Vec::new();
                 self.last = Some(Served {
                     network: ambient::local_network(&set, &self.translate),
                     set,

@@ -1,6 +1,7 @@
 //! Delta (incremental) protocol state of one stream, without I/O.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as Wrapped,
@@ -312,7 +313,7 @@ impl DeltaType {
         let mut removed = Vec::new();
         let mut send = |known: &mut Held, name: &str, r: &VersionedResource, own: Option<&str>| {
             if !known.holds(name, &r.version) {
-                known.put(name, &r.version);
+                known.put(name, &r.version, ts);
                 resources.push(wrap(name, r, own));
             }
         };
@@ -378,7 +379,7 @@ impl DeltaType {
         let mut left_behind = Vec::new();
         let mut send = |name: &str, r: &crate::VersionedResource, own: Option<&str>| {
             if !self.known.holds(name, &r.version) {
-                self.known.put(name, &r.version);
+                self.known.put(name, &r.version, ts);
                 resources.push(wrap(name, r, own));
             }
             if let Some(own) = own
@@ -479,8 +480,9 @@ impl DeltaType {
 
 /// What a client holds of a type: per name, a keyed hash of the version it holds (a version
 /// is compared, never sent back), so that a stream keeps 8 bytes per name beside the name.
+/// A resource's name is the snapshot's own (shared, not copied per stream).
 #[derive(Debug, Default)]
-struct Held(HashMap<Box<str>, u64>);
+struct Held(HashMap<Arc<str>, u64>);
 
 impl Held {
     /// What a client says it holds (`initial_resource_versions`).
@@ -488,7 +490,7 @@ impl Held {
         Self(
             versions
                 .into_iter()
-                .map(|(name, version)| (name.into_boxed_str(), version_key(&version)))
+                .map(|(name, version)| (Arc::from(name), version_key(&version)))
                 .collect(),
         )
     }
@@ -497,12 +499,17 @@ impl Held {
         self.0.get(name) == Some(&version_key(version))
     }
 
-    fn put(&mut self, name: &str, version: &str) {
+    /// Holds `name` at `version`; a name `ts` has a resource of is kept as `ts` keeps it.
+    fn put(&mut self, name: &str, version: &str, ts: &TypeSnapshot) {
         let key = version_key(version);
         match self.0.get_mut(name) {
             Some(held) => *held = key,
             None => {
-                self.0.insert(name.into(), key);
+                let name = match ts.resources().key(name) {
+                    Some(shared) => Arc::clone(shared),
+                    None => Arc::from(name),
+                };
+                self.0.insert(name, key);
             }
         }
     }

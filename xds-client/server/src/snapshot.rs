@@ -255,6 +255,11 @@ impl Resources {
         self.0.contains_key(name)
     }
 
+    /// The name of the resource of `name`, as the map keeps it (to share rather than copy).
+    pub(crate) fn key(&self, name: &str) -> Option<&Arc<str>> {
+        self.0.get_key_value(name).map(|(key, _)| key)
+    }
+
     /// How many resources are held.
     pub fn len(&self) -> usize {
         self.0.len()
