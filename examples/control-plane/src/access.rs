@@ -26,7 +26,8 @@
 //! Workloads of other nodes that no Service selects are never sent to a node proxy: nothing
 //! routes to them by name, and a node proxy needs no other node's workload list. Node proxies
 //! are sent no Secrets, Ingresses or Envoy resources at all. The views are computed once per
-//! snapshot and role and shared by all streams of that role.
+//! snapshot and role and shared by all streams of that role, and every node's view is one
+//! shared copy of the Addresses all nodes are sent plus its own node's other workloads.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
