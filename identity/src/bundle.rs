@@ -69,6 +69,9 @@ pub struct TrustBundle {
     trust_domain: TrustDomain,
     roots: Vec<CertificateDer<'static>>,
     anchors: Vec<TrustAnchor<'static>>,
+    /// Each root's validity, `not_before` and `not_after` in seconds since the Unix epoch:
+    /// path building ignores an anchor's, and a root outside it verifies nothing.
+    validity: Vec<(i64, i64)>,
 }
 
 /// Trust bundles keyed by trust domain; at most one bundle per trust domain.
@@ -105,10 +108,27 @@ impl TrustBundle {
                     })
             })
             .collect::<Result<_, _>>()?;
+        let validity = roots
+            .iter()
+            .enumerate()
+            .map(|(index, der)| {
+                let (_, cert) =
+                    x509_parser::parse_x509_certificate(der).map_err(|e| BundleError::BadRoot {
+                        index,
+                        reason: e.to_string(),
+                    })?;
+                let validity = cert.validity();
+                Ok((
+                    validity.not_before.timestamp(),
+                    validity.not_after.timestamp(),
+                ))
+            })
+            .collect::<Result<_, BundleError>>()?;
         Ok(Self {
             trust_domain,
             roots,
             anchors,
+            validity,
         })
     }
 
@@ -198,6 +218,23 @@ impl TrustBundle {
 
     pub(crate) fn anchors(&self) -> &[TrustAnchor<'static>] {
         &self.anchors
+    }
+
+    /// The anchors of the roots valid at `now` (seconds since the Unix epoch), borrowed when
+    /// every root is.
+    pub(crate) fn anchors_at(&self, now: u64) -> std::borrow::Cow<'_, [TrustAnchor<'static>]> {
+        let now = i64::try_from(now).unwrap_or(i64::MAX);
+        let valid = |(not_before, not_after): &(i64, i64)| *not_before <= now && now <= *not_after;
+        if self.validity.iter().all(valid) {
+            return std::borrow::Cow::Borrowed(&self.anchors);
+        }
+        let anchors = self.anchors.iter().zip(&self.validity);
+        std::borrow::Cow::Owned(
+            anchors
+                .filter(|(_, v)| valid(v))
+                .map(|(a, _)| a.clone())
+                .collect(),
+        )
     }
 }
 

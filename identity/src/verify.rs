@@ -48,6 +48,11 @@ pub enum VerifyError {
     /// among its roots, or one has a root's name but not its key.
     #[error("peer chain does not lead to a root of trust domain {0}")]
     UnknownIssuer(TrustDomain),
+    /// The chain leads only to roots of the peer's trust domain that are outside their
+    /// validity at the verification time: an expired root (or one not yet valid) verifies
+    /// nothing.
+    #[error("peer chain leads only to a root of trust domain {0} that is outside its validity")]
+    RootOutsideValidity(TrustDomain),
     /// Path building failed for another reason (bad signature, CA constraints, key usage of an
     /// intermediate, an intermediate outside its validity, ...).
     #[error("peer chain is invalid: {0}")]
@@ -199,20 +204,22 @@ impl SpiffeVerifier {
             PeerRole::Server => KeyUsage::server_auth(),
             PeerRole::Client => KeyUsage::client_auth(),
         };
-        cert.verify_for_usage(
-            self.provider.signature_verification_algorithms.all,
-            bundle.anchors(),
-            intermediates,
-            now,
-            usage,
-            None,
-            None,
-        )
-        .map_err(|e| match e {
+        let algorithms = self.provider.signature_verification_algorithms.all;
+        let valid = bundle.anchors_at(now_secs);
+        let path = |anchors: &[rustls_pki_types::TrustAnchor<'_>]| {
+            cert.verify_for_usage(algorithms, anchors, intermediates, now, usage, None, None)
+                .map(|_| ())
+        };
+        path(&valid).map_err(|e| match e {
             // A CA that only copies a root's name fails on the signature, not the name: to the
             // caller both mean the chain is not from this trust domain's authority.
             webpki::Error::UnknownIssuer | webpki::Error::InvalidSignatureForPublicKey => {
-                VerifyError::UnknownIssuer(info.id.trust_domain())
+                // Told apart: a chain to a root of the bundle that is outside its validity.
+                if valid.len() < bundle.anchors().len() && path(bundle.anchors()).is_ok() {
+                    VerifyError::RootOutsideValidity(info.id.trust_domain())
+                } else {
+                    VerifyError::UnknownIssuer(info.id.trust_domain())
+                }
             }
             other => VerifyError::InvalidChain(other.to_string()),
         })?;

@@ -263,6 +263,45 @@ fn untrusted_ca_with_the_right_trust_domain_name_is_rejected() {
 }
 
 #[test]
+fn a_root_outside_its_validity_verifies_nothing() {
+    let ca = TestCa::new(td("a.test"));
+    let root_expiry = OffsetDateTime::from(ca.signer().not_after());
+    // A leaf that outlives its root, checked once the root has expired.
+    let chain = leaf(&ca, |p| {
+        p.not_after = root_expiry + Duration::from_secs(2 * 86_400);
+    });
+    let at = |t: OffsetDateTime| {
+        UnixTime::since_unix_epoch(Duration::from_secs(t.unix_timestamp() as u64))
+    };
+    let v = verifier(&ca);
+    assert_eq!(
+        v.verify(
+            &chain,
+            PeerRole::Client,
+            at(root_expiry - Duration::from_secs(60))
+        ),
+        Ok(id(WEB)),
+        "the root still valid"
+    );
+    let after = at(root_expiry + Duration::from_secs(86_400));
+    let refused = v.verify(&chain, PeerRole::Client, after);
+    assert_eq!(refused, Err(VerifyError::RootOutsideValidity(td("a.test"))));
+    assert_eq!(
+        refused.unwrap_err().to_string(),
+        "peer chain leads only to a root of trust domain a.test that is outside its validity"
+    );
+    // Another trust domain's chain is still told apart as an unknown issuer.
+    let impostor = TestCa::new(td("a.test"));
+    let other = leaf(&impostor, |p| {
+        p.not_after = root_expiry + Duration::from_secs(2 * 86_400);
+    });
+    assert_eq!(
+        v.verify(&other, PeerRole::Client, after),
+        Err(VerifyError::UnknownIssuer(td("a.test")))
+    );
+}
+
+#[test]
 fn wrong_authorized_id_is_rejected() {
     let ca = TestCa::new(td("a.test"));
     let chain = leaf(&ca, |_| {});
