@@ -6,7 +6,22 @@
 //! | `/healthz/ready` | `200 ready` once every [`Readiness`] condition holds; `503` with the reasons otherwise (and while draining) |
 //! | `/metrics`, `/stats/prometheus` | the part's [`Registry`] in the OpenMetrics text format (prometheus-client), with build info and process metrics added |
 //! | `/config_dump` | the part's current configuration as JSON ([`Admin::with_config_dump`]) |
-//! | `/logging?level=FILTER` | a `POST` or `PUT` sets the log filter ([`Admin::with_log_filter`]); a `GET` shows how to use it, and never changes it (so that a web page cannot change it with a link) |
+//! | `/logging?level=FILTER` | a `PUT` sets the log filter ([`Admin::with_log_filter`]); a `GET` shows how to use it, and never changes it |
+//!
+//! # Browsers
+//!
+//! The endpoint has no authentication, so it must not be reachable by a web page that an
+//! operator's browser opens:
+//!
+//! - **Forged changes.** Only a `PUT` changes the log filter. A page can send a `GET` or a
+//!   form's `POST` anywhere, but a `PUT` to another origin needs the CORS preflight, which the
+//!   endpoint never grants; a request whose `Origin` is not the endpoint itself is refused
+//!   (`403`) whatever its method.
+//! - **DNS rebinding.** A page whose name is made to resolve to the endpoint's address
+//!   reaches it as the same origin; its requests still carry the page's name in `Host`. Every
+//!   request's `Host` must be an IP address, `localhost`, or a name given to
+//!   [`Admin::with_allowed_hosts`]; others get `421 Misdirected Request`. Probes and scrapes
+//!   address a Pod by its IP, so they pass.
 //!
 //! It also formats access-log lines ([`AccessLog`]), the same way in every part.
 //!
@@ -112,6 +127,8 @@ pub struct Admin {
     readiness: Readiness,
     config_dump: Option<ConfigDump>,
     log_filter: Option<LogFilter>,
+    /// Host names (lowercase, without a port) accepted besides IP addresses and `localhost`.
+    allowed_hosts: Arc<[String]>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -240,7 +257,21 @@ impl Admin {
             readiness: Readiness::default(),
             config_dump: None,
             log_filter: None,
+            allowed_hosts: Arc::from([]),
         }
+    }
+
+    /// Also accepts requests whose `Host` is one of `names` (a Service's DNS name, for
+    /// example), besides IP addresses and `localhost`. See [Browsers](crate#browsers).
+    pub fn with_allowed_hosts<S: AsRef<str>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        let mut allowed = self.allowed_hosts.to_vec();
+        allowed.extend(
+            names
+                .into_iter()
+                .map(|n| n.as_ref().trim_end_matches('.').to_ascii_lowercase()),
+        );
+        self.allowed_hosts = allowed.into();
+        self
     }
 
     /// Answers `/healthz/ready` from `readiness`.
@@ -281,8 +312,12 @@ impl Admin {
     }
 
     /// Answers one admin request. The request's body is not read: every path is a GET (or,
-    /// for `/logging`, a POST or PUT with the filter in the query, as Envoy's admin takes it).
+    /// for `/logging`, a PUT with the filter in the query). A request from a browser that
+    /// the endpoint must not serve is refused first ([Browsers](crate#browsers)).
     pub fn handle<B>(&self, request: &Request<B>) -> Response<Full<Bytes>> {
+        if let Err(refusal) = self.check_origin(request) {
+            return refusal;
+        }
         let path = request.uri().path();
         let method = request.method();
         let read_only = method == Method::GET || method == Method::HEAD;
@@ -328,6 +363,71 @@ impl Admin {
         }
     }
 
+    /// Refuses a request whose `Host` a rebound DNS name could have set, or whose `Origin` is
+    /// another site.
+    fn check_origin<B>(&self, request: &Request<B>) -> Result<(), Response<Full<Bytes>>> {
+        let host = match request.headers().get(header::HOST) {
+            Some(value) => Some(value.to_str().unwrap_or("\u{fffd}")),
+            None => request.uri().authority().map(http::uri::Authority::as_str),
+        };
+        if let Some(host) = host
+            && !self.host_allowed(host)
+        {
+            tracing::warn!(
+                host,
+                "admin request refused: Host is not an address of this endpoint"
+            );
+            return Err(text(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!(
+                    "host {host:?} is not this admin endpoint's: use its IP address or localhost\n"
+                ),
+            ));
+        }
+        if let Some(origin) = request.headers().get(header::ORIGIN) {
+            let same = origin
+                .to_str()
+                .ok()
+                .and_then(|o| o.split_once("://"))
+                .is_some_and(|(_, authority)| {
+                    host.is_some_and(|h| authority.eq_ignore_ascii_case(h))
+                });
+            if !same {
+                tracing::warn!(
+                    ?origin,
+                    "admin request refused: sent by a page of another origin"
+                );
+                return Err(text(
+                    StatusCode::FORBIDDEN,
+                    "requests from another origin are refused\n".to_owned(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `host` (a `Host` header: a name or address, with an optional port) names this
+    /// endpoint: an IP address, `localhost`, or an allowed name.
+    fn host_allowed(&self, host: &str) -> bool {
+        let name = match host.strip_prefix('[') {
+            // `[v6]` or `[v6]:port`.
+            Some(rest) => match rest.split_once(']') {
+                Some((v6, port)) if port.is_empty() || port.starts_with(':') => {
+                    return v6.parse::<std::net::Ipv6Addr>().is_ok();
+                }
+                _ => return false,
+            },
+            None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+        };
+        let name = name.trim_end_matches('.');
+        name.parse::<std::net::Ipv4Addr>().is_ok()
+            || name.eq_ignore_ascii_case("localhost")
+            || self
+                .allowed_hosts
+                .iter()
+                .any(|allowed| allowed.eq_ignore_ascii_case(name))
+    }
+
     fn logging<B>(&self, request: &Request<B>) -> Response<Full<Bytes>> {
         let Some(filter) = &self.log_filter else {
             return text(
@@ -344,16 +444,16 @@ impl Admin {
         match level {
             None => text(
                 StatusCode::OK,
-                "set the log filter with POST /logging?level=FILTER, for example level=debug or level=meshkit_hbone=debug,info\n"
+                "set the log filter with PUT /logging?level=FILTER, for example level=debug or level=meshkit_hbone=debug,info\n"
                     .to_owned(),
             ),
-            Some(_) if request.method() != Method::POST && request.method() != Method::PUT => {
-                text(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "changing the log filter takes a POST or PUT: curl -X POST '.../logging?level=FILTER'\n"
-                        .to_owned(),
-                )
-            }
+            // A page can send a GET or a POST to any site without asking; a PUT to another
+            // origin needs a CORS preflight, which is never granted.
+            Some(_) if request.method() != Method::PUT => text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "changing the log filter takes a PUT: curl -X PUT '.../logging?level=FILTER'\n"
+                    .to_owned(),
+            ),
             Some(Err(())) => text(StatusCode::BAD_REQUEST, "level is not valid UTF-8 percent-encoding\n".to_owned()),
             Some(Ok(level)) => match filter.set(&level) {
                 Ok(()) => {
@@ -551,7 +651,7 @@ mod tests {
             }));
         let (status, _) = send(
             &admin,
-            Method::POST,
+            Method::PUT,
             "/logging?level=meshkit_hbone%3Ddebug,info",
         );
         assert_eq!(status, StatusCode::OK);
@@ -560,14 +660,16 @@ mod tests {
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(body.contains("not a filter"), "{body}");
         assert_eq!(
-            send(&admin, Method::POST, "/logging?level=%zz").0,
+            send(&admin, Method::PUT, "/logging?level=%zz").0,
             StatusCode::BAD_REQUEST
         );
-        // A GET (a link, a web page) never changes it.
-        assert_eq!(
-            get(&admin, "/logging?level=trace").0,
-            StatusCode::METHOD_NOT_ALLOWED
-        );
+        // A GET (a link) or a POST (a form) is what any web page can send: neither changes it.
+        for method in [Method::GET, Method::POST] {
+            assert_eq!(
+                send(&admin, method, "/logging?level=trace").0,
+                StatusCode::METHOD_NOT_ALLOWED
+            );
+        }
         assert_eq!(get(&admin, "/logging").0, StatusCode::OK);
         assert_eq!(lock(&set).len(), 1);
     }
@@ -578,10 +680,78 @@ mod tests {
         assert_eq!(get(&admin, "/nope").0, StatusCode::NOT_FOUND);
         assert_eq!(get(&admin, "/config_dump").0, StatusCode::NOT_FOUND);
         assert_eq!(
-            send(&admin, Method::POST, "/logging?level=info").0,
+            send(&admin, Method::PUT, "/logging?level=info").0,
             StatusCode::NOT_FOUND
         );
         let post = admin.handle(&Request::post("/metrics").body(()).unwrap());
         assert_eq!(post.status(), StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    fn with_headers(admin: &Admin, method: Method, headers: &[(&str, &str)]) -> StatusCode {
+        let mut request = Request::builder().method(method).uri("/logging?level=info");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        admin.handle(&request.body(()).unwrap()).status()
+    }
+
+    #[test]
+    fn a_rebound_name_or_a_foreign_page_is_refused() {
+        let admin = Admin::new("test", Registry::default())
+            .with_log_filter(LogFilter::new(|_| Ok(())))
+            .with_allowed_hosts(["admin.infra.svc"]);
+        let put = |headers: &[(&str, &str)]| with_headers(&admin, Method::PUT, headers);
+        for host in [
+            "127.0.0.1:15000",
+            "10.1.2.3",
+            "[::1]:15000",
+            "[fd00::7]",
+            "localhost:15000",
+            "LOCALHOST",
+            "admin.infra.svc:15000",
+            "admin.infra.svc.",
+        ] {
+            assert_eq!(put(&[("host", host)]), StatusCode::OK, "{host}");
+        }
+        // A page whose name was rebound to the endpoint's address sends its own name.
+        for host in [
+            "attacker.example:15000",
+            "attacker.example",
+            "localhost.attacker.example",
+            "127.0.0.1.nip.io",
+            "[::1",
+            "[::1]x",
+            "",
+        ] {
+            assert_eq!(
+                put(&[("host", host)]),
+                StatusCode::MISDIRECTED_REQUEST,
+                "{host}"
+            );
+        }
+        // Reading is refused as well: the dump must not reach the page.
+        assert_eq!(
+            with_headers(&admin, Method::GET, &[("host", "attacker.example")]),
+            StatusCode::MISDIRECTED_REQUEST
+        );
+        // A page of another origin, even with the right Host.
+        assert_eq!(
+            put(&[
+                ("host", "127.0.0.1:15000"),
+                ("origin", "https://attacker.example")
+            ]),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            put(&[("host", "127.0.0.1:15000"), ("origin", "null")]),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            put(&[
+                ("host", "127.0.0.1:15000"),
+                ("origin", "http://127.0.0.1:15000")
+            ]),
+            StatusCode::OK
+        );
     }
 }

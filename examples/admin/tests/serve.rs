@@ -77,7 +77,7 @@ async fn the_admin_paths_answer_over_loopback() {
     assert_eq!(dump, serde_json::json!({"workloads": ["a", "b"]}));
 
     let (status, _) = tokio::task::spawn_blocking(move || {
-        meshkit_test_support::http_request(addr, "POST", "/logging?level=debug")
+        meshkit_test_support::http_request(addr, "PUT", "/logging?level=debug")
     })
     .await
     .unwrap();

@@ -806,7 +806,7 @@ async fn the_binary_drains_on_sigterm() {
         .expect("admin port");
     ready_becomes(admin, 200).await;
     let (status, body) = tokio::task::spawn_blocking(move || {
-        meshkit_test_support::http_request(admin, "POST", "/logging?level=info")
+        meshkit_test_support::http_request(admin, "PUT", "/logging?level=info")
     })
     .await
     .expect("admin request");

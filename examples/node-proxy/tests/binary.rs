@@ -113,7 +113,7 @@ fn the_admin_endpoint_reports_why_it_is_not_ready_and_sigterm_drains() {
     let dump: serde_json::Value = serde_json::from_str(&dump).expect("JSON");
     assert_eq!(dump["node"], "node-a");
     assert_eq!(dump["workloads"][0]["name"], "web-1");
-    let (status, _) = meshkit_test_support::http_request(admin, "POST", "/logging?level=debug");
+    let (status, _) = meshkit_test_support::http_request(admin, "PUT", "/logging?level=debug");
     assert_eq!(status, 200, "the binary lets /logging set its filter");
 
     let killed = Command::new("kill")
