@@ -315,7 +315,7 @@ impl Admin {
     /// for `/logging`, a PUT with the filter in the query). A request from a browser that
     /// the endpoint must not serve is refused first ([Browsers](crate#browsers)).
     pub fn handle<B>(&self, request: &Request<B>) -> Response<Full<Bytes>> {
-        if let Err(refusal) = self.check_origin(request) {
+        if let Some(refusal) = self.refusal(request) {
             return refusal;
         }
         let path = request.uri().path();
@@ -363,9 +363,9 @@ impl Admin {
         }
     }
 
-    /// Refuses a request whose `Host` a rebound DNS name could have set, or whose `Origin` is
-    /// another site.
-    fn check_origin<B>(&self, request: &Request<B>) -> Result<(), Response<Full<Bytes>>> {
+    /// The answer to a request whose `Host` a rebound DNS name could have set, or whose
+    /// `Origin` is another site; `None` for a request to serve.
+    fn refusal<B>(&self, request: &Request<B>) -> Option<Response<Full<Bytes>>> {
         let host = match request.headers().get(header::HOST) {
             Some(value) => Some(value.to_str().unwrap_or("\u{fffd}")),
             None => request.uri().authority().map(http::uri::Authority::as_str),
@@ -377,7 +377,7 @@ impl Admin {
                 host,
                 "admin request refused: Host is not an address of this endpoint"
             );
-            return Err(text(
+            return Some(text(
                 StatusCode::MISDIRECTED_REQUEST,
                 format!(
                     "host {host:?} is not this admin endpoint's: use its IP address or localhost\n"
@@ -397,13 +397,13 @@ impl Admin {
                     ?origin,
                     "admin request refused: sent by a page of another origin"
                 );
-                return Err(text(
+                return Some(text(
                     StatusCode::FORBIDDEN,
                     "requests from another origin are refused\n".to_owned(),
                 ));
             }
         }
-        Ok(())
+        None
     }
 
     /// Whether `host` (a `Host` header: a name or address, with an optional port) names this
