@@ -127,8 +127,19 @@ pub enum CaToken {
 }
 
 /// Refuses to send a bearer token in plaintext beyond this host: over `http://` it may only go
-/// to a loopback address (or `localhost`), where nobody on the path can read it.
+/// to a loopback address, where nobody on the path can read it. A name (`localhost`
+/// included) is resolved as the connection will resolve it, and every address it has must be
+/// loopback: `/etc/hosts` or DNS may point `localhost` elsewhere.
 fn token_may_go_to(flag: &str, uri: &str) -> Result<(), CliError> {
+    token_may_go_to_resolved(flag, uri, |host, port| {
+        use std::net::ToSocketAddrs;
+        Ok((host, port).to_socket_addrs()?.map(|a| a.ip()).collect())
+    })
+}
+
+type Resolve = fn(&str, u16) -> std::io::Result<Vec<std::net::IpAddr>>;
+
+fn token_may_go_to_resolved(flag: &str, uri: &str, resolve: Resolve) -> Result<(), CliError> {
     let parsed: tonic::codegen::http::Uri = uri
         .parse()
         .map_err(|e| format!("control plane URL {uri:?}: {e}"))?;
@@ -137,15 +148,18 @@ fn token_may_go_to(flag: &str, uri: &str) -> Result<(), CliError> {
     }
     let host = parsed.host().unwrap_or_default();
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let loopback = host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    if loopback {
+    let addresses = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => resolve(host, parsed.port_u16().unwrap_or(80))
+            .map_err(|e| {
+                format!("{flag}: refusing to send a token in plaintext to {uri}: {host:?} does not resolve: {e}")
+            })?,
+    };
+    if !addresses.is_empty() && addresses.iter().all(std::net::IpAddr::is_loopback) {
         Ok(())
     } else {
         Err(format!(
-            "{flag}: refusing to send a token in plaintext to {uri}; use an https:// URL with --xds-ca"
+            "{flag}: refusing to send a token in plaintext to {uri} ({host} is {addresses:?}, not only loopback); use an https:// URL with --xds-ca"
         )
         .into())
     }
@@ -153,26 +167,46 @@ fn token_may_go_to(flag: &str, uri: &str) -> Result<(), CliError> {
 
 #[cfg(test)]
 mod tests {
-    use super::token_may_go_to;
+    use super::{token_may_go_to, token_may_go_to_resolved};
 
     #[test]
     fn tokens_go_in_plaintext_only_to_loopback() {
         for ok in [
             "http://127.0.0.1:15010",
             "http://[::1]:15010",
-            "http://localhost:15012",
             "https://10.0.0.5:15012",
             "https://istiod.istio-system.svc:15012",
         ] {
             assert!(token_may_go_to("--t", ok).is_ok(), "{ok}");
         }
-        for refused in [
-            "http://10.0.0.5:15010",
-            "http://istiod:15012",
-            "http://[2001:db8::1]:1",
-        ] {
+        for refused in ["http://10.0.0.5:15010", "http://[2001:db8::1]:1"] {
             let err = token_may_go_to("--t", refused).unwrap_err().to_string();
             assert!(err.contains("plaintext"), "{refused}: {err}");
         }
+    }
+
+    /// A name is held to what it resolves to, `localhost` like any other.
+    #[test]
+    fn a_name_goes_in_plaintext_only_when_all_its_addresses_are_loopback() {
+        let resolve: super::Resolve = |host, _| {
+            Ok(match host {
+                "localhost" => vec!["10.0.0.9".parse().unwrap()],
+                "loop" => vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()],
+                "mixed" => vec!["127.0.0.1".parse().unwrap(), "10.0.0.9".parse().unwrap()],
+                _ => Vec::new(),
+            })
+        };
+        assert!(token_may_go_to_resolved("--t", "http://loop:15010", resolve).is_ok());
+        for refused in ["http://localhost:15010", "http://mixed:1", "http://none:1"] {
+            let err = token_may_go_to_resolved("--t", refused, resolve)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("plaintext"), "{refused}: {err}");
+        }
+        let fails: super::Resolve = |_, _| Err(std::io::Error::other("no such host"));
+        let err = token_may_go_to_resolved("--t", "http://localhost:1", fails)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not resolve"), "{err}");
     }
 }

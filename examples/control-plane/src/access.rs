@@ -44,6 +44,7 @@ use meshkit_xds_server::{
     AccessPolicy, Change, Resources, Snapshot, StreamAccess, TypeSnapshot, VersionedResource,
 };
 use prost::Message;
+use tokio::sync::watch;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 
@@ -75,7 +76,7 @@ pub enum XdsRole {
 /// views per [`XdsRole`].
 #[derive(Clone)]
 pub struct TokenAccess {
-    grants: Arc<TokenGrants>,
+    grants: watch::Receiver<Arc<TokenGrants>>,
     accounts: Option<Arc<Reviewer>>,
     views: Arc<Mutex<Views>>,
     metrics: Option<XdsMetrics>,
@@ -646,11 +647,18 @@ impl TokenAccess {
     /// Authenticates with `grants`.
     pub fn new(grants: TokenGrants) -> Self {
         Self {
-            grants: Arc::new(grants),
+            grants: watch::channel(Arc::new(grants)).1,
             accounts: None,
             views: Arc::default(),
             metrics: None,
         }
+    }
+
+    /// Takes the grants `grants` holds when each stream opens instead of fixed ones (the
+    /// control plane follows its token file with it: [`crate::ControlPlaneConfig::tokens_file`]).
+    pub fn with_grants(mut self, grants: watch::Receiver<Arc<TokenGrants>>) -> Self {
+        self.grants = grants;
+        self
     }
 
     /// Also takes ServiceAccount tokens, checked by `reviewer` ([`crate::service_accounts`]).
@@ -670,7 +678,7 @@ impl TokenAccess {
 impl std::fmt::Debug for TokenAccess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenAccess")
-            .field("grants", &self.grants)
+            .field("grants", &**self.grants.borrow())
             .finish_non_exhaustive()
     }
 }
@@ -693,9 +701,10 @@ impl AccessPolicy for TokenAccess {
     ) -> BoxFuture<'a, Result<Box<dyn StreamAccess>, Status>> {
         Box::pin(async move {
             let token = bearer(metadata)?;
-            let role = match self.grants.xds_role(token) {
+            let grants = Arc::clone(&self.grants.borrow());
+            let role = match grants.xds_role(token) {
                 Some(role) => role.clone(),
-                None if self.grants.knows(token) => {
+                None if grants.knows(token) => {
                     return Err(Status::permission_denied(
                         "this token may not use xDS (it has no node= or gateway= role)",
                     ));

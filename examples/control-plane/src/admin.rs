@@ -31,8 +31,8 @@ pub(crate) struct Facts {
     /// The root certificate's summary.
     pub(crate) root: Value,
     pub(crate) serving: Option<Arc<ServingCert>>,
-    /// The token grants without the tokens.
-    pub(crate) grants: Vec<Value>,
+    /// The token grants as they are now (dumped without the tokens).
+    pub(crate) grants: tokio::sync::watch::Receiver<std::sync::Arc<crate::ca::TokenGrants>>,
 }
 
 // === impl Dump ===
@@ -89,7 +89,7 @@ impl Dump {
                 .serving
                 .as_ref()
                 .map(|cert| cert_summary(cert.current().cert[0].as_ref())),
-            "tokens": facts.grants,
+            "tokens": facts.grants.borrow().describe(),
         })
     }
 }

@@ -74,7 +74,7 @@ enum IdPattern {
 /// bearer token, checks the requested identity against the token's grants, signs.
 pub struct TokenSigner {
     ca: CaSigner,
-    grants: TokenGrants,
+    grants: watch::Receiver<Arc<TokenGrants>>,
     max_csr_bytes: usize,
     metrics: CaMetrics,
     nodes: watch::Receiver<Arc<NodeIdentities>>,
@@ -397,12 +397,19 @@ impl TokenSigner {
     pub fn new(ca: CaSigner, grants: TokenGrants) -> Self {
         Self {
             ca: ca.with_max_validity(MAX_VALIDITY),
-            grants,
+            grants: watch::channel(Arc::new(grants)).1,
             max_csr_bytes: CaLimits::default().max_csr_bytes,
             metrics: CaMetrics::default(),
             nodes: watch::channel(Arc::new(NodeIdentities::new())).1,
             accounts: None,
         }
+    }
+
+    /// Takes the grants `grants` holds at each call instead of fixed ones (the control plane
+    /// follows its token file with it: [`crate::ControlPlaneConfig::tokens_file`]).
+    pub fn with_grants(mut self, grants: watch::Receiver<Arc<TokenGrants>>) -> Self {
+        self.grants = grants;
+        self
     }
 
     /// Decides `ImpersonatedIdentity` requests by the workloads on each node as `nodes` says
@@ -447,8 +454,10 @@ impl TokenSigner {
         request: &IstioCertificateRequest,
     ) -> Result<IstioCertificateResponse, Status> {
         self.metrics.csr();
-        let result = match self.authenticate(authorization).await {
-            Ok(credential) => self.try_decide(&credential, request),
+        // One version of the grants decides the whole call.
+        let grants = Arc::clone(&self.grants.borrow());
+        let result = match self.authenticate(&grants, authorization).await {
+            Ok(credential) => self.try_decide(&grants, &credential, request),
             Err(refused) => Err(refused),
         };
         match result {
@@ -467,6 +476,7 @@ impl TokenSigner {
     /// accepts (when ServiceAccount tokens are taken).
     async fn authenticate<'t>(
         &self,
+        grants: &TokenGrants,
         authorization: Option<&'t str>,
     ) -> Result<Credential<'t>, (CaRefusal, Status)> {
         let token = authorization
@@ -479,7 +489,7 @@ impl TokenSigner {
                     Status::unauthenticated("a bearer token is required"),
                 )
             })?;
-        if self.grants.knows(token) {
+        if grants.knows(token) {
             return Ok(Credential::Bootstrap(token));
         }
         match &self.accounts {
@@ -504,6 +514,7 @@ impl TokenSigner {
 
     fn try_decide(
         &self,
+        grants: &TokenGrants,
         credential: &Credential<'_>,
         request: &IstioCertificateRequest,
     ) -> Result<IstioCertificateResponse, (CaRefusal, Status)> {
@@ -563,7 +574,7 @@ impl TokenSigner {
                 return self.sign(request, &id);
             }
         };
-        let node = match self.grants.xds_role(token) {
+        let node = match grants.xds_role(token) {
             Some(crate::access::XdsRole::Node(node)) => Some(node.as_str()),
             _ => None,
         };
@@ -571,7 +582,7 @@ impl TokenSigner {
             self.check_impersonation(node, &id, named.unwrap_or(Ok(id.as_str())))?;
             return self.sign(request, &id);
         }
-        if !self.grants.allows(token, &id) {
+        if !grants.allows(token, &id) {
             tracing::warn!(%id, "CA: token may not request this identity");
             return Err((
                 CaRefusal::PermissionDenied,
@@ -664,7 +675,7 @@ impl std::fmt::Debug for TokenSigner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenSigner")
             .field("ca", &self.ca)
-            .field("grants", &self.grants)
+            .field("grants", &**self.grants.borrow())
             .finish()
     }
 }

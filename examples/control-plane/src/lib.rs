@@ -82,6 +82,7 @@ pub mod policy;
 pub mod service_accounts;
 pub mod status;
 pub mod tls;
+pub mod token_file;
 pub mod translate;
 
 use std::collections::BTreeMap;
@@ -161,6 +162,9 @@ pub enum StartError {
     /// The serving certificate or the TLS configuration could not be made.
     #[error("TLS could not be set up")]
     Tls(#[from] TlsSetupError),
+    /// The token file ([`ControlPlaneConfig::tokens_file`]) could not be read or parsed.
+    #[error("the token file could not be loaded")]
+    Tokens(#[from] ca::CaConfigError),
 }
 
 /// Where the control plane reads the mesh's objects from. Both give the same
@@ -189,6 +193,13 @@ pub struct ControlPlaneConfig {
     pub ca: CaSource,
     /// Bootstrap tokens and the identities they grant. Default none (the CA refuses all).
     pub grants: TokenGrants,
+    /// A token file ([`TokenGrants::parse`]) to take the bootstrap tokens from instead of
+    /// [`Self::grants`]: read at start (a file that cannot be read or parsed is a
+    /// [`StartError::Tokens`]), then again whenever it changes, so that removing a line
+    /// revokes its token for every later call and stream without a restart. A change that
+    /// does not parse is refused and the last good grants stay ([`token_file`]). Default
+    /// `None`.
+    pub tokens_file: Option<PathBuf>,
     /// Translation options (Envoy listener addresses, ingress class). The trust domain is
     /// taken from [`ControlPlaneConfig::trust_domain`].
     pub translate: TranslateOptions,
@@ -281,6 +292,7 @@ impl ControlPlaneConfig {
                 .unwrap_or_else(|_| unreachable!("cluster.local is a valid trust domain")),
             ca: CaSource::Generate,
             grants: TokenGrants::new(),
+            tokens_file: None,
             translate: TranslateOptions::default(),
             poll_interval: Duration::from_millis(200),
             ca_limits: CaLimits::default(),
@@ -351,6 +363,13 @@ impl ControlPlaneConfig {
     /// Sets the bootstrap tokens.
     pub fn with_grants(mut self, grants: TokenGrants) -> Self {
         self.grants = grants;
+        self
+    }
+
+    /// Sets [`ControlPlaneConfig::tokens_file`]: the bootstrap tokens come from `path`, and
+    /// follow it.
+    pub fn with_tokens_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tokens_file = Some(path.into());
         self
     }
 
@@ -488,11 +507,28 @@ impl ControlPlane {
                 metrics.service_accounts().clone(),
             ))
         });
-        let mut signer = TokenSigner::new(keys, config.grants.clone())
+        let grants = match &config.tokens_file {
+            Some(path) => {
+                let (grants, seen) = token_file::load(path)?;
+                let following = grants.subscribe();
+                tasks.push(tokio::spawn(token_file::follow(
+                    path.clone(),
+                    grants,
+                    seen,
+                    metrics.ca().clone(),
+                    stop.subscribe(),
+                )));
+                following
+            }
+            None => watch::channel(Arc::new(config.grants.clone())).1,
+        };
+        let mut signer = TokenSigner::new(keys, TokenGrants::new())
+            .with_grants(grants.clone())
             .with_metrics(metrics.ca().clone())
             .with_node_identities(nodes_rx);
-        let mut access =
-            access::TokenAccess::new(config.grants.clone()).with_metrics(metrics.xds().clone());
+        let mut access = access::TokenAccess::new(TokenGrants::new())
+            .with_grants(grants.clone())
+            .with_metrics(metrics.xds().clone());
         if let Some(reviewer) = reviewer {
             signer = signer.with_service_accounts(Arc::clone(&reviewer));
             access = access.with_service_accounts(reviewer);
@@ -510,7 +546,7 @@ impl ControlPlane {
             trust_domain: config.trust_domain.as_str().to_owned(),
             root: root_summary,
             serving: serving_cert.clone(),
-            grants: config.grants.describe(),
+            grants,
         });
 
         let mut applier = Applier {

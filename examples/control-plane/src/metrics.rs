@@ -107,6 +107,7 @@ pub struct CaMetrics {
     sign_errors: Family<ErrorLabels, Counter>,
     refused: Family<ReasonLabels, Counter>,
     root_expiry: Gauge,
+    token_file_reloads: Family<ResultLabels, Counter>,
 }
 
 /// The manifest folder's load results.
@@ -494,6 +495,25 @@ impl CaMetrics {
             "CA calls refused, by reason",
             self.refused.clone(),
         );
+        registry.register(
+            "meshkit_token_file_reloads",
+            "Changes of the token file read, by result (applied, refused: the last good grants stay)",
+            self.token_file_reloads.clone(),
+        );
+    }
+
+    /// Changes of the token file read with `result` (`applied`, `refused`) so far.
+    pub fn token_file_reloads(&self, result: &'static str) -> u64 {
+        self.token_file_reloads
+            .get_or_create(&ResultLabels { result })
+            .get()
+    }
+
+    pub(crate) fn token_file_reload(&self, applied: bool) {
+        let result = if applied { "applied" } else { "refused" };
+        self.token_file_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     /// A CSR reached the signer.

@@ -728,6 +728,84 @@ async fn the_ca_issues_only_identities_allowed_for_the_token() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The token file is followed: a line removed revokes its token for the CA and for ADS
+/// without a restart, a line added takes effect, and a version that does not parse leaves
+/// the last good grants in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_file_is_followed_and_a_removed_token_is_revoked() {
+    let dir = manifest_copy("token-file");
+    let tokens = dir.join("tokens.txt");
+    let line = |token: &str| format!("{token} gateway=gateway spiffe://cluster.local/ns/shop/*\n");
+    std::fs::write(&tokens, line("first-token")).expect("tokens");
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let cp = ControlPlane::start(
+        ControlPlaneConfig::new(&dir)
+            .with_ads_addr(any)
+            .with_ca_addr(any)
+            .with_tokens_file(&tokens),
+    )
+    .await
+    .expect("control plane starts");
+    let web: SpiffeId = "spiffe://cluster.local/ns/shop/sa/web".parse().expect("id");
+    let hour = Duration::from_secs(3600);
+    let signs = |token: &'static str| {
+        let cp = &cp;
+        let web = web.clone();
+        async move { request_svid(&ca_client(cp, Some(token)).await, &web, hour).await }
+    };
+    let ads = |token: &'static str| {
+        let cp = &cp;
+        async move { delta_first(cp, Some(token), "gateway", ADDRESS_TYPE_URL, PATIENCE).await }
+    };
+    signs("first-token").await.expect("the first token signs");
+    assert!(matches!(ads("first-token").await, Ok(Some(_))));
+
+    // The line is replaced: the old token is revoked, the new one works, with no restart.
+    std::fs::write(&tokens, line("second-token")).expect("tokens");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while signs("first-token").await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the removed token still signs"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let refused = signs("first-token").await.expect_err("revoked");
+    assert!(
+        matches!(refused, CaError::Rejected(ref m) if m.contains("Unauthenticated")),
+        "{refused}"
+    );
+    assert_eq!(
+        ads("first-token").await.expect_err("revoked").code(),
+        tonic::Code::Unauthenticated
+    );
+    signs("second-token").await.expect("the new token signs");
+    assert!(matches!(ads("second-token").await, Ok(Some(_))));
+
+    // A version that does not parse is refused whole; the last good grants stay.
+    std::fs::write(
+        &tokens,
+        "second-token spiffe://not an id\nthird-token gateway=gateway\n",
+    )
+    .expect("tokens");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while cp.metrics().ca().token_file_reloads("refused") == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the bad version was not read"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    signs("second-token")
+        .await
+        .expect("the last good grants stay");
+    assert!(signs("third-token").await.is_err());
+    assert_eq!(cp.metrics().ca().token_file_reloads("applied"), 1);
+
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn token_file_format() {
     let grants = TokenGrants::parse(

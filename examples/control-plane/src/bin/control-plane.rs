@@ -10,7 +10,6 @@ use std::process::ExitCode;
 use clap::Parser;
 use meshkit_cli::{CliError, init_logging_with_filter, stop_signal};
 use meshkit_control_plane::LogFilter;
-use meshkit_control_plane::ca::TokenGrants;
 use meshkit_control_plane::kube_source::{self, KubeSourceConfig};
 use meshkit_control_plane::leader::LeaseConfig;
 use meshkit_control_plane::service_accounts::{ServiceAccountAuth, ServiceAccountRef};
@@ -51,8 +50,9 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:15012")]
     ca_listen: SocketAddr,
     /// Token file: one token per line, then its xDS role (`node=NAME` or `gateway=NAME`) and
-    /// the SPIFFE IDs (or `prefix/*`) it may request from the CA. Without it ADS and the CA
-    /// refuse every client.
+    /// the SPIFFE IDs (or `prefix/*`) it may request from the CA. Re-read when it changes:
+    /// removing a line revokes its token without a restart. Without it ADS and the CA refuse
+    /// every client (except ServiceAccount tokens, with Kubernetes).
     #[arg(long)]
     tokens: Option<PathBuf>,
     /// Trust domain of the mesh.
@@ -188,15 +188,9 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
         .trust_domain
         .parse()
         .map_err(|e| format!("--trust-domain {:?}: {e}", args.trust_domain))?;
-    let grants = match &args.tokens {
-        Some(path) => TokenGrants::load(path)?,
-        None => {
-            if kube.is_none() || args.no_service_account_tokens {
-                tracing::warn!("no --tokens file: the CA will refuse every request");
-            }
-            TokenGrants::new()
-        }
-    };
+    if args.tokens.is_none() && (kube.is_none() || args.no_service_account_tokens) {
+        tracing::warn!("no --tokens file: the CA will refuse every request");
+    }
     let ca = match (args.ca_cert.clone(), args.ca_key.clone()) {
         (Some(cert), Some(key)) if args.ca_generate_if_missing => {
             CaSource::LoadOrGenerate { cert, key }
@@ -233,7 +227,6 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
         .with_ads_addr(args.ads_listen)
         .with_ca_addr(args.ca_listen)
         .with_trust_domain(trust_domain)
-        .with_grants(grants)
         .with_ca(ca)
         .with_translate(translate)
         .with_admin_addr(args.admin_addr)
@@ -246,6 +239,10 @@ async fn run(args: Args, log_filter: LogFilter) -> Result<(), CliError> {
                 .with_dns_names(args.tls_dns_names)
                 .with_provider(meshkit_cli::crypto_provider()),
         )
+    };
+    let config = match args.tokens {
+        Some(path) => config.with_tokens_file(path),
+        None => config,
     };
     let cp = ControlPlane::start(config).await?;
     if let Some(addr) = cp.admin_addr() {
