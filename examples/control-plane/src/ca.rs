@@ -26,6 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -48,6 +49,7 @@ use tonic::transport::server::Connected;
 
 use crate::metrics::{CaMetrics, CaRefusal};
 use crate::service_accounts::{Caller, Reviewer, looks_like_jwt};
+use crate::shares::{Held, Tally};
 
 /// Default validity of issued certificates when the request names none.
 pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(24 * 3600);
@@ -74,10 +76,19 @@ enum IdPattern {
 /// bearer token, checks the requested identity against the token's grants, signs.
 pub struct TokenSigner {
     ca: CaSigner,
-    grants: watch::Receiver<Arc<TokenGrants>>,
+    auth: Authenticator,
     max_csr_bytes: usize,
     metrics: CaMetrics,
     nodes: watch::Receiver<Arc<NodeIdentities>>,
+}
+
+/// Who a caller is, from its `authorization` header alone: the token file's grants as they
+/// are now, and the ServiceAccount reviewer when ServiceAccount tokens are taken. The CA
+/// service runs it before a call takes any place ([`ConcurrencyLimited`]); the signer runs it
+/// again for its decision (a cheap lookup, or a cached review).
+#[derive(Clone)]
+struct Authenticator {
+    grants: watch::Receiver<Arc<TokenGrants>>,
     accounts: Option<Arc<Reviewer>>,
 }
 
@@ -397,18 +408,20 @@ impl TokenSigner {
     pub fn new(ca: CaSigner, grants: TokenGrants) -> Self {
         Self {
             ca: ca.with_max_validity(MAX_VALIDITY),
-            grants: watch::channel(Arc::new(grants)).1,
+            auth: Authenticator {
+                grants: watch::channel(Arc::new(grants)).1,
+                accounts: None,
+            },
             max_csr_bytes: CaLimits::default().max_csr_bytes,
             metrics: CaMetrics::default(),
             nodes: watch::channel(Arc::new(NodeIdentities::new())).1,
-            accounts: None,
         }
     }
 
     /// Takes the grants `grants` holds at each call instead of fixed ones (the control plane
     /// follows its token file with it: [`crate::ControlPlaneConfig::tokens_file`]).
     pub fn with_grants(mut self, grants: watch::Receiver<Arc<TokenGrants>>) -> Self {
-        self.grants = grants;
+        self.auth.grants = grants;
         self
     }
 
@@ -442,7 +455,7 @@ impl TokenSigner {
 
     /// Checks ServiceAccount tokens (tokens that are not in the token file) with `reviewer`.
     pub(crate) fn with_service_accounts(mut self, reviewer: Arc<Reviewer>) -> Self {
-        self.accounts = Some(reviewer);
+        self.auth.accounts = Some(reviewer);
         self
     }
 
@@ -455,8 +468,8 @@ impl TokenSigner {
     ) -> Result<IstioCertificateResponse, Status> {
         self.metrics.csr();
         // One version of the grants decides the whole call.
-        let grants = Arc::clone(&self.grants.borrow());
-        let result = match self.authenticate(&grants, authorization).await {
+        let grants = Arc::clone(&self.auth.grants.borrow());
+        let result = match self.auth.authenticate(&grants, authorization).await {
             Ok(credential) => self.try_decide(&grants, &credential, request),
             Err(refused) => Err(refused),
         };
@@ -469,46 +482,6 @@ impl TokenSigner {
                 self.metrics.refused(reason);
                 Err(status)
             }
-        }
-    }
-
-    /// The caller: a token of the token file, else a ServiceAccount token the API server
-    /// accepts (when ServiceAccount tokens are taken).
-    async fn authenticate<'t>(
-        &self,
-        grants: &TokenGrants,
-        authorization: Option<&'t str>,
-    ) -> Result<Credential<'t>, (CaRefusal, Status)> {
-        let token = authorization
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                (
-                    CaRefusal::Unauthenticated,
-                    Status::unauthenticated("a bearer token is required"),
-                )
-            })?;
-        if grants.knows(token) {
-            return Ok(Credential::Bootstrap(token));
-        }
-        match &self.accounts {
-            Some(reviewer) if looks_like_jwt(token) => reviewer
-                .caller(token)
-                .await
-                .map(Credential::Account)
-                .map_err(|status| {
-                    let reason = if status.code() == tonic::Code::Unauthenticated {
-                        CaRefusal::Unauthenticated
-                    } else {
-                        CaRefusal::PermissionDenied
-                    };
-                    (reason, status)
-                }),
-            _ => Err((
-                CaRefusal::Unauthenticated,
-                Status::unauthenticated("unknown bootstrap token"),
-            )),
         }
     }
 
@@ -671,11 +644,68 @@ fn names_no_id(error: &SignError) -> bool {
     )
 }
 
+// === impl Authenticator ===
+
+impl Authenticator {
+    /// The caller: a token of the token file, else a ServiceAccount token the API server
+    /// accepts (when ServiceAccount tokens are taken).
+    async fn authenticate<'t>(
+        &self,
+        grants: &TokenGrants,
+        authorization: Option<&'t str>,
+    ) -> Result<Credential<'t>, (CaRefusal, Status)> {
+        let token = authorization
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                (
+                    CaRefusal::Unauthenticated,
+                    Status::unauthenticated("a bearer token is required"),
+                )
+            })?;
+        if grants.knows(token) {
+            return Ok(Credential::Bootstrap(token));
+        }
+        match &self.accounts {
+            Some(reviewer) if looks_like_jwt(token) => reviewer
+                .caller(token)
+                .await
+                .map(Credential::Account)
+                .map_err(|status| {
+                    let reason = if status.code() == tonic::Code::Unauthenticated {
+                        CaRefusal::Unauthenticated
+                    } else {
+                        CaRefusal::PermissionDenied
+                    };
+                    (reason, status)
+                }),
+            _ => Err((
+                CaRefusal::Unauthenticated,
+                Status::unauthenticated("unknown bootstrap token"),
+            )),
+        }
+    }
+
+    /// The caller's principal, for its share of the CA's calls: its token, or its node or
+    /// ServiceAccount.
+    async fn principal(&self, authorization: Option<&str>) -> Result<String, (CaRefusal, Status)> {
+        let grants = Arc::clone(&self.grants.borrow());
+        Ok(match self.authenticate(&grants, authorization).await? {
+            Credential::Bootstrap(token) => format!("token {token}"),
+            Credential::Account(Caller::Node(node)) => format!("node {node}"),
+            Credential::Account(Caller::Gateway(account) | Caller::Workload(account)) => {
+                format!("account {account}")
+            }
+        })
+    }
+}
+
 impl std::fmt::Debug for TokenSigner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenSigner")
             .field("ca", &self.ca)
-            .field("grants", &**self.grants.borrow())
+            .field("grants", &**self.auth.grants.borrow())
             .finish()
     }
 }
@@ -719,6 +749,8 @@ impl std::error::Error for CaConfigError {}
 /// | `max_decoding_message_size` | 64 KiB | `OUT_OF_RANGE` (tonic's code), before it is decoded |
 /// | `max_encoding_message_size` | 1 MiB | the call fails with `OUT_OF_RANGE` |
 /// | `max_concurrent_requests` | 64 calls at once, over all connections | `RESOURCE_EXHAUSTED` at once |
+/// | `max_calls_per_source` | 16 of those from one source (an IPv4 address, or an IPv6 /64) | `RESOURCE_EXHAUSTED` at once |
+/// | `max_calls_per_caller` | 16 of those for one caller (a token, a node, a ServiceAccount) | `RESOURCE_EXHAUSTED` at once |
 /// | `request_timeout` | 10 s per call, from its headers to its answer | `CANCELLED` (tonic's server timeout) |
 /// | `max_streams_per_connection` | 16 (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`) | the client waits for a free stream |
 /// | `max_connections` | 1,024 | the connection is closed as soon as it is accepted |
@@ -736,6 +768,16 @@ pub struct CaLimits {
     /// is refused with `RESOURCE_EXHAUSTED`, so a flood of slow callers costs a bounded
     /// amount of memory and honest ones are told to retry rather than left waiting.
     pub max_concurrent_requests: usize,
+    /// How many of those calls one source (an IPv4 address, or an IPv6 /64) may have in
+    /// progress; counted from the call's headers, before its credential is checked, so that
+    /// one host cannot hold every place whatever it sends. Applies to the connections of
+    /// [`CaLimits::connections`], whose source is known.
+    pub max_calls_per_source: usize,
+    /// How many of those calls one authenticated caller (a bootstrap token, a node proxy's
+    /// node, a ServiceAccount) may have in progress. A call takes a place among
+    /// `max_concurrent_requests` only once its credential is accepted, so callers without
+    /// one never hold a place.
+    pub max_calls_per_caller: usize,
     /// How long one call may take, from its headers to its answer, so a caller that sends
     /// its request slowly holds its place for a bounded time.
     pub request_timeout: Duration,
@@ -757,6 +799,8 @@ impl Default for CaLimits {
             max_decoding_message_size: 64 * 1024,
             max_encoding_message_size: 1024 * 1024,
             max_concurrent_requests: 64,
+            max_calls_per_source: 16,
+            max_calls_per_caller: 16,
             request_timeout: Duration::from_secs(10),
             max_streams_per_connection: 16,
             max_connections: 1024,
@@ -768,12 +812,24 @@ impl Default for CaLimits {
 impl CaLimits {
     /// The CA service for `signer` with these limits: the CSR size, the message sizes and
     /// the concurrent calls. Add it to a server from [`CaLimits::server`].
+    ///
+    /// Each call is admitted in three steps, each refusing with `RESOURCE_EXHAUSTED` or
+    /// `UNAUTHENTICATED` at once: its source's share ([`max_calls_per_source`]
+    /// (Self::max_calls_per_source)), its credential, read from the headers before the
+    /// body, and its caller's share ([`max_calls_per_caller`](Self::max_calls_per_caller));
+    /// only then does it take one of the
+    /// [`max_concurrent_requests`](Self::max_concurrent_requests) places.
     pub fn service(&self, signer: TokenSigner) -> ConcurrencyLimited<IstioCaServer<TokenSigner>> {
         let metrics = signer.metrics.clone();
+        let auth = signer.auth.clone();
         let ca = IstioCaServer::new(signer.with_max_csr_bytes(self.max_csr_bytes))
             .max_decoding_message_size(self.max_decoding_message_size)
             .max_encoding_message_size(self.max_encoding_message_size);
-        ConcurrencyLimited::new(ca, self.max_concurrent_requests).with_metrics(metrics)
+        let mut service = ConcurrencyLimited::new(ca, self.max_concurrent_requests)
+            .with_metrics(metrics)
+            .with_shares(self.max_calls_per_source, self.max_calls_per_caller);
+        service.auth = Some(auth);
+        service
     }
 
     /// The connections of `incoming` as the CA serves them: at most
@@ -781,19 +837,26 @@ impl CaLimits {
     /// unless its first successful call comes within
     /// [`first_call_timeout`](Self::first_call_timeout) of its arrival here (the service of
     /// [`CaLimits::service`] marks the success). Serve them with [`CaLimits::server`].
+    ///
+    /// Each connection's source ([`PeerSource`]) goes with its calls, for
+    /// [`max_calls_per_source`](Self::max_calls_per_source).
     pub fn connections<I, IO, E>(
         &self,
         incoming: I,
     ) -> impl Stream<Item = Result<Counted<AdmissionDeadline<IO>>, E>> + Send
     where
         I: Stream<Item = Result<IO, E>> + Send,
-        IO: Send,
+        IO: PeerSource + Send,
         E: Send,
     {
         let first_call = self.first_call_timeout;
-        let deadlined =
-            incoming.map(move |conn| conn.map(|io| AdmissionDeadline::new(io, first_call)));
-        limit_connections(deadlined, self.max_connections)
+        let deadlined = incoming.map(move |conn| {
+            conn.map(|io| {
+                let source = io.source().map(crate::shares::source_key);
+                (source, AdmissionDeadline::new(io, first_call))
+            })
+        });
+        limit_sourced(deadlined, self.max_connections)
     }
 
     /// A tonic server builder with the per-connection limits: streams per connection and the
@@ -809,23 +872,55 @@ impl CaLimits {
 /// with `RESOURCE_EXHAUSTED` (made by [`CaLimits::service`]). Clones share the count. A call
 /// that succeeds admits its connection's [`Admission`], when it has one (see
 /// [`CaLimits::first_call_timeout`]).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConcurrencyLimited<S> {
     inner: S,
     permits: Arc<Semaphore>,
     max: usize,
     metrics: Option<CaMetrics>,
+    /// Places per source and per caller, and the most each may hold.
+    sources: Tally<IpAddr>,
+    callers: Tally<String>,
+    per_source: usize,
+    per_caller: usize,
+    /// Who a call is, checked before it takes a place ([`CaLimits::service`]).
+    auth: Option<Authenticator>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for ConcurrencyLimited<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConcurrencyLimited")
+            .field("inner", &self.inner)
+            .field("max", &self.max)
+            .field("per_source", &self.per_source)
+            .field("per_caller", &self.per_caller)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S> ConcurrencyLimited<S> {
-    /// `inner`, serving at most `max` calls at once.
+    /// `inner`, serving at most `max` calls at once, with no share per source or caller.
     pub fn new(inner: S, max: usize) -> Self {
         Self {
             inner,
             permits: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
             max,
             metrics: None,
+            sources: Tally::default(),
+            callers: Tally::default(),
+            per_source: usize::MAX,
+            per_caller: usize::MAX,
+            auth: None,
         }
+    }
+
+    /// At most `per_source` calls at once from one source (known for the connections of
+    /// [`CaLimits::connections`]) and `per_caller` for one authenticated caller (when the
+    /// service checks credentials first, as [`CaLimits::service`]'s does).
+    pub fn with_shares(mut self, per_source: usize, per_caller: usize) -> Self {
+        self.per_source = per_source.max(1);
+        self.per_caller = per_caller.max(1);
+        self
     }
 
     /// Counts the calls refused for the limit in `metrics` (`meshkit_ca_requests_refused`
@@ -858,37 +953,159 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
-            tracing::warn!(max = self.max, "CA call refused: too many in progress");
-            if let Some(metrics) = &self.metrics {
-                metrics.refused(CaRefusal::Limit);
-            }
-            let status = Status::resource_exhausted(format!(
-                "the CA has its limit of {} calls in progress; retry later",
-                self.max
-            ));
-            return Box::pin(std::future::ready(Ok(status.into_http())));
-        };
         // The clone that was made ready serves this call; a fresh clone stays for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let admission = req.extensions().get::<Admission>().cloned();
+        let this = Gate {
+            permits: Arc::clone(&self.permits),
+            max: self.max,
+            metrics: self.metrics.clone(),
+            sources: self.sources.clone(),
+            callers: self.callers.clone(),
+            per_source: self.per_source,
+            per_caller: self.per_caller,
+            auth: self.auth.clone(),
+        };
         Box::pin(async move {
+            let peer = req.extensions().get::<CaPeer<Admission>>().cloned();
+            let authorization = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let source = peer.as_ref().and_then(|p| p.source);
+            let places = match this.admit(authorization.as_deref(), source).await {
+                Ok(places) => places,
+                Err(status) => return Ok(status.into_http()),
+            };
             let response = inner.call(req).await;
-            drop(permit);
+            drop(places);
             // A failed call answers with its status in the headers (trailers-only); a
             // successful one has it in the trailers.
-            if let (Some(admission), Ok(response)) = (admission, &response)
+            if let (Some(peer), Ok(response)) = (peer, &response)
                 && response
                     .headers()
                     .get("grpc-status")
                     .is_none_or(|code| code == "0")
             {
-                admission.admit();
+                peer.info.admit();
             }
             response
         })
     }
+}
+
+/// What [`ConcurrencyLimited`] checks a call against, moved into the call's future.
+struct Gate {
+    permits: Arc<Semaphore>,
+    max: usize,
+    metrics: Option<CaMetrics>,
+    sources: Tally<IpAddr>,
+    callers: Tally<String>,
+    per_source: usize,
+    per_caller: usize,
+    auth: Option<Authenticator>,
+}
+
+/// The places one call holds until it ends.
+struct Places {
+    _source: Option<Held<IpAddr>>,
+    _caller: Option<Held<String>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Gate {
+    /// The call's places, taken in order: its source's share, its credential, its caller's
+    /// share, one of the global permits; or the status that refuses it.
+    async fn admit(
+        &self,
+        authorization: Option<&str>,
+        source: Option<IpAddr>,
+    ) -> Result<Places, Status> {
+        let source = match source {
+            Some(ip) => Some(self.sources.take(ip, self.per_source).ok_or_else(|| {
+                tracing::warn!(source = %ip, max = self.per_source, "CA call refused: its source has its share in progress");
+                self.refused(format!(
+                    "this source has its share of {} CA calls in progress; retry later",
+                    self.per_source
+                ))
+            })?),
+            None => None,
+        };
+        let caller = match &self.auth {
+            Some(auth) => {
+                let principal =
+                    auth.principal(authorization)
+                        .await
+                        .map_err(|(reason, status)| {
+                            // Counted as the signer counts a call it refuses (istiod counts
+                            // every CSR call that reaches authentication).
+                            if let Some(metrics) = &self.metrics {
+                                metrics.csr();
+                                metrics.refused(reason);
+                            }
+                            status
+                        })?;
+                Some(
+                    self.callers
+                        .take(principal, self.per_caller)
+                        .ok_or_else(|| {
+                            tracing::warn!(
+                                max = self.per_caller,
+                                "CA call refused: its caller has its share in progress"
+                            );
+                            self.refused(format!(
+                                "this caller has its share of {} CA calls in progress; retry later",
+                                self.per_caller
+                            ))
+                        })?,
+                )
+            }
+            None => None,
+        };
+        let permit = Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
+            tracing::warn!(max = self.max, "CA call refused: too many in progress");
+            self.refused(format!(
+                "the CA has its limit of {} calls in progress; retry later",
+                self.max
+            ))
+        })?;
+        Ok(Places {
+            _source: source,
+            _caller: caller,
+            _permit: permit,
+        })
+    }
+
+    fn refused(&self, message: String) -> Status {
+        if let Some(metrics) = &self.metrics {
+            metrics.refused(CaRefusal::Limit);
+        }
+        Status::resource_exhausted(message)
+    }
+}
+
+/// What a connection's peer is before any call: its address, for
+/// [`CaLimits::max_calls_per_source`].
+pub trait PeerSource {
+    /// The peer's address, when known.
+    fn source(&self) -> Option<IpAddr>;
+}
+
+impl PeerSource for tokio::net::TcpStream {
+    fn source(&self) -> Option<IpAddr> {
+        self.peer_addr().ok().map(|a| a.ip())
+    }
+}
+
+/// The connection information of a [`Counted`] connection, in each of its calls' request
+/// extensions: its inner connection's, and its source when known.
+#[derive(Debug, Clone)]
+pub struct CaPeer<T> {
+    /// The inner connection's information ([`Admission`] for [`CaLimits::connections`]).
+    pub info: T,
+    /// The peer's source (an IPv4 address, or an IPv6 /64).
+    pub source: Option<IpAddr>,
 }
 
 /// The connections of `incoming`, at most `max` open at once: one beyond that is dropped
@@ -903,11 +1120,25 @@ where
     IO: Send,
     E: Send,
 {
+    limit_sourced(incoming.map(|conn| conn.map(|io| (None, io))), max)
+}
+
+/// [`limit_connections`] over connections whose source is known.
+fn limit_sourced<I, IO, E>(
+    incoming: I,
+    max: usize,
+) -> impl Stream<Item = Result<Counted<IO>, E>> + Send
+where
+    I: Stream<Item = Result<(Option<IpAddr>, IO), E>> + Send,
+    IO: Send,
+    E: Send,
+{
     let permits = Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)));
     incoming.filter_map(move |conn| match conn {
-        Ok(io) => match Arc::clone(&permits).try_acquire_owned() {
+        Ok((source, io)) => match Arc::clone(&permits).try_acquire_owned() {
             Ok(permit) => Some(Ok(Counted {
                 io,
+                source,
                 _permit: permit,
             })),
             Err(_) => {
@@ -923,14 +1154,18 @@ where
 #[derive(Debug)]
 pub struct Counted<IO> {
     io: IO,
+    source: Option<IpAddr>,
     _permit: OwnedSemaphorePermit,
 }
 
 impl<IO: Connected> Connected for Counted<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+    type ConnectInfo = CaPeer<IO::ConnectInfo>;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        CaPeer {
+            info: self.io.connect_info(),
+            source: self.source,
+        }
     }
 }
 

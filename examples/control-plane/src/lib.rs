@@ -80,6 +80,7 @@ pub mod manifests;
 pub mod metrics;
 pub mod policy;
 pub mod service_accounts;
+mod shares;
 pub mod status;
 pub mod tls;
 pub mod token_file;

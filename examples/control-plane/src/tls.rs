@@ -33,6 +33,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
+use crate::shares::{Held, Tally, source_key};
+
 /// How ADS and the CA serve TLS. Build with [`ServingTls::default`] and the `with_*` methods.
 #[derive(Debug, Clone)]
 pub struct ServingTls {
@@ -246,56 +248,16 @@ fn issue(
 
 /// A served connection, plain or TLS, as tonic takes it, holding its place among its
 /// source's connections until it is dropped.
-pub(crate) struct Conn(Box<dyn Io>, #[allow(dead_code)] SourceSlot);
+pub(crate) struct Conn(Box<dyn Io>, SourceSlot);
 
-/// Connections open per source (an IPv4 address, or an IPv6 /64): one client host, with or
-/// without a token, cannot take every connection slot of a listener.
-#[derive(Clone, Default)]
-struct PerSource(Arc<std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>>);
-
-/// One connection counted in [`PerSource`] until it is dropped.
-pub(crate) struct SourceSlot {
-    table: PerSource,
-    key: IpAddr,
-}
-
-impl PerSource {
-    fn admit(&self, ip: IpAddr, max: usize) -> Option<SourceSlot> {
-        let key = source_key(ip);
-        let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let count = table.entry(key).or_insert(0);
-        if *count >= max {
-            return None;
-        }
-        *count += 1;
-        Some(SourceSlot {
-            table: self.clone(),
-            key,
-        })
+impl crate::ca::PeerSource for Conn {
+    fn source(&self) -> Option<IpAddr> {
+        Some(*self.1.key())
     }
 }
 
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut table = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = table.get_mut(&self.key) {
-            *count -= 1;
-            if *count == 0 {
-                table.remove(&self.key);
-            }
-        }
-    }
-}
-
-/// What [`PerSource`] counts by: an IPv4 address, or an IPv6 /64.
-fn source_key(ip: IpAddr) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
-            u128::from(v6) & !((1u128 << 64) - 1),
-        )),
-        v4 => v4,
-    }
-}
+/// One connection counted among its source's until it is dropped.
+type SourceSlot = Held<IpAddr>;
 
 trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
@@ -347,7 +309,7 @@ pub(crate) fn incoming(
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Conn>> {
     let (tx, rx) = mpsc::channel(64);
     let in_flight = Arc::new(AtomicUsize::new(0));
-    let sources = PerSource::default();
+    let sources = Tally::default();
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -355,7 +317,7 @@ pub(crate) fn incoming(
                 () = tx.closed() => return,
             };
             let (tcp, slot) = match accepted {
-                Ok((tcp, peer)) => match sources.admit(peer.ip(), per_source) {
+                Ok((tcp, peer)) => match sources.take(source_key(peer.ip()), per_source) {
                     Some(slot) => (tcp, slot),
                     None => {
                         tracing::warn!(%peer, per_source, "too many connections from this source; closed");

@@ -17,6 +17,7 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 
 const TOKEN: &str = "tok-123";
+const OTHER_TOKEN: &str = "tok-456";
 /// Bound on every wait for something that must happen: far above what it needs, so that a
 /// loaded machine does not fail it.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -30,6 +31,8 @@ async fn start(limits: CaLimits) -> SocketAddr {
     let td = TrustDomain::new("cluster.local").unwrap();
     let grants = TokenGrants::new()
         .grant(TOKEN, "spiffe://cluster.local/ns/shop/*")
+        .unwrap()
+        .grant(OTHER_TOKEN, "spiffe://cluster.local/ns/shop/*")
         .unwrap();
     let signer = TokenSigner::new(CaSigner::generate(td).unwrap(), grants);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -276,7 +279,20 @@ async fn raw_connection(
     h2::client::SendRequest<bytes::Bytes>,
     tokio::task::JoinHandle<Result<(), h2::Error>>,
 ) {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw_connection_from(addr, 1).await
+}
+
+/// [`raw_connection`] from source address 127.0.0.`host`.
+async fn raw_connection_from(
+    addr: SocketAddr,
+    host: u8,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::from(([127, 0, 0, host], 0))).unwrap();
+    let tcp = sock.connect(addr).await.unwrap();
     let (h2, connection) = tokio::time::timeout(PATIENCE, h2::client::handshake(tcp))
         .await
         .expect("HTTP/2 handshake in time")
@@ -326,4 +342,119 @@ async fn a_connection_without_a_successful_call_is_closed_at_the_first_call_time
         "the served connection was closed"
     );
     assert_eq!(raw_call(&mut served, TOKEN).await, "0", "and still serves");
+}
+
+/// Opens `n` calls with `token` on `h2` whose request body never comes; each answer's
+/// grpc-status as it arrives (a refusal answers at once, from the headers), and the open
+/// request streams, which hold the calls while kept.
+async fn hold_raw(
+    h2: &mut h2::client::SendRequest<bytes::Bytes>,
+    token: &str,
+    n: usize,
+) -> (
+    mpsc::UnboundedReceiver<String>,
+    Vec<h2::SendStream<bytes::Bytes>>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut streams = Vec::new();
+    for _ in 0..n {
+        *h2 = tokio::time::timeout(PATIENCE, h2.clone().ready())
+            .await
+            .expect("a stream in time")
+            .unwrap();
+        let request = tonic::codegen::http::Request::post(
+            "http://ca/istio.v1.auth.IstioCertificateService/CreateCertificate",
+        )
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .body(())
+        .unwrap();
+        let (response, stream) = h2.send_request(request, false).unwrap();
+        streams.push(stream);
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            if let Ok(response) = response.await {
+                let code = response
+                    .headers()
+                    .get("grpc-status")
+                    .map_or("none", |c| c.to_str().unwrap())
+                    .to_owned();
+                let _ = tx.send(code);
+            }
+        });
+    }
+    (rx, streams)
+}
+
+/// The next `n` answers of [`hold_raw`], each within [`PATIENCE`].
+async fn answers(rx: &mut mpsc::UnboundedReceiver<String>, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..n {
+        got.push(
+            tokio::time::timeout(PATIENCE, rx.recv())
+                .await
+                .expect("an answer in time")
+                .expect("an answer"),
+        );
+    }
+    got
+}
+
+/// Calls whose token is refused are refused from their headers, before they take a place:
+/// a flood of them with their bodies held back leaves every place to honest callers.
+#[tokio::test]
+async fn calls_with_a_bad_token_are_refused_before_they_take_a_place() {
+    let mut limits = CaLimits::default();
+    limits.max_concurrent_requests = 2;
+    limits.request_timeout = Duration::from_secs(60);
+    let addr = start(limits).await;
+    let (mut flood, _c1) = raw_connection_from(addr, 3).await;
+    let (mut rx, _streams) = hold_raw(&mut flood, "guessed-token", 6).await;
+    // UNAUTHENTICATED, each at once.
+    assert_eq!(answers(&mut rx, 6).await, vec!["16"; 6]);
+    let (mut honest, _c2) = raw_connection_from(addr, 4).await;
+    assert_eq!(raw_call(&mut honest, TOKEN).await, "0");
+}
+
+/// One source fills its share of the calls and no more: past it, its calls are refused at
+/// once, and another source is still served.
+#[tokio::test]
+async fn one_source_holds_its_share_of_the_calls_and_another_is_served() {
+    let mut limits = CaLimits::default();
+    limits.max_concurrent_requests = 4;
+    limits.max_calls_per_source = 2;
+    limits.request_timeout = Duration::from_secs(60);
+    let addr = start(limits).await;
+    let (mut greedy, _c1) = raw_connection_from(addr, 5).await;
+    let (mut rx, _streams) = hold_raw(&mut greedy, TOKEN, 4).await;
+    // RESOURCE_EXHAUSTED for the two past the share; the two within it stay open.
+    assert_eq!(answers(&mut rx, 2).await, vec!["8"; 2]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "a call within the share was answered"
+    );
+    let (mut other, _c2) = raw_connection_from(addr, 6).await;
+    assert_eq!(raw_call(&mut other, TOKEN).await, "0");
+}
+
+/// One caller (one token) holds its share of the calls and no more; another caller from the
+/// same source is still served.
+#[tokio::test]
+async fn one_caller_holds_its_share_of_the_calls_and_another_is_served() {
+    let mut limits = CaLimits::default();
+    limits.max_concurrent_requests = 4;
+    limits.max_calls_per_caller = 2;
+    limits.request_timeout = Duration::from_secs(60);
+    let addr = start(limits).await;
+    let (mut h2, _c) = raw_connection_from(addr, 7).await;
+    let (mut rx, _streams) = hold_raw(&mut h2, TOKEN, 4).await;
+    assert_eq!(answers(&mut rx, 2).await, vec!["8"; 2]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "a call within the share was answered"
+    );
+    assert_eq!(raw_call(&mut h2, OTHER_TOKEN).await, "0");
 }
