@@ -6,8 +6,10 @@
 //! The model is written from the rules of `docs/xds.md`, not from the core's code: a
 //! subscription change takes effect when the next request is sent (while connected); a named
 //! resource not received within 15 s of a connected stream does not exist; a rejected resource
-//! keeps its last good value and never "does not exist"; SotW leaves out a Cluster to delete it
-//! (one it never sent is left to the timer: the response may predate the subscription);
+//! keeps its last good value and never "does not exist", and the end of its rejection is
+//! reported (a valid version is an update even when it equals the value held; a removal is a
+//! deletion even when no value was held); SotW leaves out a Cluster to delete it (one it never
+//! sent is left to the timer: the response may predate the subscription);
 //! Delta deletes only what it lists in `removed_resources`; a name repeated in one response is
 //! rejected; a lost stream changes nothing a watcher sees; a response for a type nobody watches
 //! is not answered (State of the World still remembers its nonce). A third run turns on
@@ -339,12 +341,12 @@ impl Model {
         e.does_not_exist_at = None;
         let had = e.cached.take().is_some();
         let was_absent = std::mem::replace(&mut e.absent, true);
-        e.rejected = false;
+        let was_rejected = std::mem::take(&mut e.rejected);
         e.deletion_ignored = false;
         if !named {
             self.entries.remove(name);
         }
-        let reason = if had {
+        let reason = if had || was_rejected {
             Gone::Deleted
         } else if named && !was_absent {
             Gone::DoesNotExist
@@ -419,7 +421,9 @@ impl Model {
             let gone: Vec<&'static str> = self
                 .entries
                 .iter()
-                .filter(|(n, e)| !present.contains(*n) && self.covered(n) && e.cached.is_some())
+                .filter(|(n, e)| {
+                    !present.contains(*n) && self.covered(n) && (e.cached.is_some() || e.rejected)
+                })
                 .map(|(n, _)| *n)
                 .collect();
             for n in gone {
@@ -444,11 +448,11 @@ impl Model {
             let e = self.entries.entry(name).or_default();
             e.does_not_exist_at = None;
             e.absent = false;
-            e.rejected = false;
+            let was_rejected = std::mem::take(&mut e.rejected);
             e.deletion_ignored = false;
             let unchanged = e.cached.as_ref().is_some_and(|(c, _)| *c == content);
             e.cached = Some((content, version.clone()));
-            if !unchanged {
+            if !unchanged || was_rejected {
                 self.events.push(Seen::Updated {
                     name: name.to_owned(),
                     version,

@@ -109,6 +109,7 @@ fn service(name: &str, endpoints: Vec<IpAddr>) -> MeshService {
 fn mesh_config(net: u8) -> MeshConfig {
     MeshConfig {
         policies: Vec::new(),
+        rejected_policies: Vec::new(),
         workloads: vec![
             workload(net, "web-1", "web", 11, "node-b"),
             workload(net, "web-2", "web", 12, "node-b"),

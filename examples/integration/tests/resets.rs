@@ -59,6 +59,7 @@ fn workload(net: u8, name: &str, host: u8, node: &str) -> Workload {
 fn mesh(net: u8) -> MeshConfig {
     MeshConfig {
         policies: Vec::new(),
+        rejected_policies: Vec::new(),
         workloads: vec![
             workload(net, "web", 11, "node-b"),
             workload(net, "client", 21, "node-a"),

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::proto::workload::address;
 use crate::resources::{AddressResource, AuthorizationResource};
-use crate::{MeshConfig, MeshService, ServicePort, Workload};
+use crate::{MeshConfig, MeshService, RejectedPolicy, ServicePort, StandIn, Workload};
 
 /// Follows the workload API Addresses and the authorization policies of the ADS server that
 /// `config` names (its URI, mode and node), as a node proxy's view of the mesh. Returns the view and the two spawned tasks
@@ -40,6 +40,15 @@ pub fn spawn_client(config: ClientConfig) -> (XdsClient, JoinHandle<()>) {
 /// Keeps `tx` at the mesh described by the Address and Authorization resources `client`
 /// receives. Returns when the client is gone.
 ///
+/// A rejected authorization policy (its latest version does not convert; the client NACKs
+/// it) is never ignored: its last good version stays enforced, as in ztunnel, and when it has
+/// none, a DENY of every connection stands in for it in the scope it would cover (fail
+/// closed, where ztunnel would enforce nothing), until the server sends a good version or
+/// removes it. Both are listed in [`MeshConfig::rejected_policies`]. The scope of a policy
+/// that was never good is not known: it is taken as the workloads that name it (a
+/// WORKLOAD_SELECTOR policy; istiod names such a policy on each workload it selects), or,
+/// when none does, as its namespace.
+///
 /// Nothing is sent until the server's whole state of both types has arrived
 /// ([`WatchEvent::Synced`]): a view with the workloads but not yet the policies would let a
 /// node proxy serve them with no policy to enforce, and admit what the policies deny. A
@@ -50,6 +59,8 @@ pub async fn feed_mesh(client: XdsClient, tx: watch::Sender<MeshConfig>) {
     let mut authorizations = client.watch_all::<AuthorizationResource>();
     let mut current: BTreeMap<String, AddressResource> = BTreeMap::new();
     let mut policies: BTreeMap<String, AuthorizationResource> = BTreeMap::new();
+    // Key to why its latest version was rejected.
+    let mut rejected: BTreeMap<String, String> = BTreeMap::new();
     let (mut addresses_synced, mut policies_synced, mut sent) = (false, false, false);
     loop {
         let changed = tokio::select! {
@@ -66,7 +77,7 @@ pub async fn feed_mesh(client: XdsClient, tx: watch::Sender<MeshConfig>) {
                     policies_synced = true;
                     false
                 }
-                Some(event) => apply(&mut policies, event),
+                Some(event) => apply_policy(&mut policies, &mut rejected, event),
                 None => return,
             },
         };
@@ -78,6 +89,7 @@ pub async fn feed_mesh(client: XdsClient, tx: watch::Sender<MeshConfig>) {
             sent = true;
             let mut mesh = mesh_config(current.values());
             mesh.policies = policies.values().map(|p| (*p.policy).clone()).collect();
+            stand_in_for_rejected(&mut mesh, &policies, &rejected);
             tx.send_replace(mesh);
         }
     }
@@ -97,6 +109,76 @@ pub fn apply<T: Resource + Clone>(view: &mut BTreeMap<String, T>, event: WatchEv
             false
         }
         _ => false,
+    }
+}
+
+/// [`apply`] for the authorization policies, recording which are rejected; whether anything
+/// changed.
+fn apply_policy(
+    policies: &mut BTreeMap<String, AuthorizationResource>,
+    rejected: &mut BTreeMap<String, String>,
+    event: WatchEvent<AuthorizationResource>,
+) -> bool {
+    match event {
+        WatchEvent::Updated { ref name, .. } | WatchEvent::Removed { ref name, .. } => {
+            let was_rejected = rejected.remove(name).is_some();
+            apply(policies, event) || was_rejected
+        }
+        WatchEvent::Rejected {
+            name: Some(name),
+            error,
+        } => {
+            let kept = policies.contains_key(&name);
+            tracing::error!(
+                policy = %name,
+                %error,
+                stand_in = if kept { "its last good version" } else { "a DENY of its scope" },
+                "authorization policy rejected"
+            );
+            rejected.insert(name, error.clone()).as_ref() != Some(&error)
+        }
+        event => apply(policies, event),
+    }
+}
+
+/// Adds to `mesh` what stands in for each rejected policy: nothing when its last good version
+/// is in `policies`, else a DENY of every connection in the scope it would cover; and lists
+/// them in [`MeshConfig::rejected_policies`].
+fn stand_in_for_rejected(
+    mesh: &mut MeshConfig,
+    policies: &BTreeMap<String, AuthorizationResource>,
+    rejected: &BTreeMap<String, String>,
+) {
+    use crate::authz::{Action, Policy, Rule, Scope};
+    for (key, error) in rejected {
+        let enforced = if policies.contains_key(key) {
+            StandIn::LastGood
+        } else {
+            let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+            let named = mesh
+                .workloads
+                .iter()
+                .any(|w| w.authorization_policies.iter().any(|p| p == key));
+            mesh.policies.push(Policy {
+                name: name.to_owned(),
+                namespace: namespace.to_owned(),
+                scope: if named {
+                    Scope::WorkloadSelector
+                } else {
+                    Scope::Namespace
+                },
+                action: Action::Deny,
+                // A rule without clauses matches every connection.
+                rules: vec![Rule::default()],
+                dry_run: false,
+            });
+            StandIn::DenyAll
+        };
+        mesh.rejected_policies.push(RejectedPolicy {
+            key: key.clone(),
+            error: error.clone(),
+            enforced,
+        });
     }
 }
 
@@ -204,6 +286,7 @@ pub fn mesh_config<'a>(addresses: impl Iterator<Item = &'a AddressResource>) -> 
         workloads,
         services,
         policies: Vec::new(),
+        rejected_policies: Vec::new(),
     }
 }
 

@@ -82,6 +82,33 @@ pub struct MeshConfig {
     /// The L4 authorization policies ([`crate::authz`]) node proxies enforce.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<crate::authz::Policy>,
+    /// The authorization policies the node rejected as it received them, and what stands in
+    /// for each in [`policies`](Self::policies) ([`crate::feed`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected_policies: Vec<RejectedPolicy>,
+}
+
+/// An authorization policy rejected on receipt (its latest version is not a valid
+/// [`crate::authz::Policy`]; the xDS client NACKed it), and what is enforced in its place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedPolicy {
+    /// Its key, `namespace/name`.
+    pub key: String,
+    /// Why it was rejected.
+    pub error: String,
+    /// What stands in for it.
+    pub enforced: StandIn,
+}
+
+/// What a node enforces in place of a rejected authorization policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StandIn {
+    /// Its last good version, as ztunnel does.
+    LastGood,
+    /// It had no good version: a DENY of every connection in the scope it would cover
+    /// (fail closed), where ztunnel would enforce nothing.
+    DenyAll,
 }
 
 /// Why a mesh file could not be loaded ([`MeshConfig::load`]).

@@ -64,5 +64,6 @@ pub mod proto {
 
 pub use cidr::{Cidr, CidrError};
 pub use index::{
-    Endpoint, MeshConfig, MeshFileError, MeshIndex, MeshService, ServicePort, Workload,
+    Endpoint, MeshConfig, MeshFileError, MeshIndex, MeshService, RejectedPolicy, ServicePort,
+    StandIn, Workload,
 };

@@ -101,6 +101,9 @@ pub struct AuthorizationResource {
     pub name: String,
     /// The policy.
     pub policy: Arc<Policy>,
+    /// Why the policy does not convert, when it does not: [`Resource::validate`] refuses it
+    /// then, after its name is known, so that the refusal names it in both protocol modes.
+    invalid: Option<String>,
 }
 
 /// An Ingress with its xDS name, `namespace/name`.
@@ -176,12 +179,30 @@ impl Resource for AuthorizationResource {
 
     fn decode(bytes: &[u8]) -> Result<Self, InvalidResource> {
         let proto = Authorization::decode(bytes)?;
-        let policy = Policy::try_from(&proto).map_err(|e| {
-            InvalidResource::new(format!("policy {}/{}: {e}", proto.namespace, proto.name))
-        })?;
-        Ok(Self {
-            name: policy.key(),
-            policy: Arc::new(policy),
+        Ok(match Policy::try_from(&proto) {
+            Ok(policy) => Self {
+                name: policy.key(),
+                policy: Arc::new(policy),
+                invalid: None,
+            },
+            Err(e) => {
+                let name = format!("{}/{}", proto.namespace, proto.name);
+                let invalid = Some(format!("policy {name}: {e}"));
+                // Never served: `validate` refuses the resource.
+                let policy = Policy {
+                    name: proto.name,
+                    namespace: proto.namespace,
+                    scope: crate::authz::Scope::WorkloadSelector,
+                    action: crate::authz::Action::Deny,
+                    rules: Vec::new(),
+                    dry_run: false,
+                };
+                Self {
+                    name,
+                    policy: Arc::new(policy),
+                    invalid,
+                }
+            }
         })
     }
 
@@ -190,6 +211,9 @@ impl Resource for AuthorizationResource {
     }
 
     fn validate(&self) -> Result<(), InvalidResource> {
+        if let Some(invalid) = &self.invalid {
+            return Err(InvalidResource::new(invalid.clone()));
+        }
         if self.policy.name.is_empty() {
             return Err(InvalidResource::new("policy name is empty"));
         }

@@ -270,10 +270,11 @@ fn invalid_policies_are_refused_with_the_rule_that_is_wrong() {
         }],
         ..Default::default()
     };
+    // Decoded (its name is known), then refused by validation, naming the rule.
     let refused = |a: pb::Authorization| {
-        AuthorizationResource::decode(&a.encode_to_vec())
-            .unwrap_err()
-            .to_string()
+        let resource = AuthorizationResource::decode(&a.encode_to_vec()).expect("decoded");
+        assert_eq!(resource.name, format!("{}/p", a.namespace));
+        resource.validate().unwrap_err().to_string()
     };
     let bad_address = with_match(pb::Match {
         source_ips: vec![pb::Address {

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use meshkit_admin::{AccessLog, Admin, Condition, Field, Readiness, Registry};
 use meshkit_hbone::{Client, ServerStats, Side};
 use meshkit_identity::{SpiffeId, SvidCache, TrustDomain};
-use meshkit_mesh::{MeshConfig, MeshIndex, Workload};
+use meshkit_mesh::{MeshConfig, MeshIndex, StandIn, Workload};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelSet, EncodeMetric, LabelSetEncoder, MetricEncoder,
@@ -410,6 +410,7 @@ impl Telemetry {
             "workloads": workloads,
             "services": mesh.services,
             "authorization_policies": mesh.policies,
+            "rejected_authorization_policies": mesh.rejected_policies,
             "certificates": certificates,
         })
     }
@@ -890,6 +891,26 @@ impl Collector for LiveCollector {
             "Inbound HBONE connections open now, over every local workload's listener",
             &ConstGauge::new(i64::try_from(inbound).unwrap_or(i64::MAX)),
         )?;
+        let (last_good, deny_all) = {
+            let mesh = live.mesh.borrow();
+            let deny_all = mesh
+                .rejected_policies
+                .iter()
+                .filter(|r| r.enforced == StandIn::DenyAll)
+                .count();
+            (mesh.rejected_policies.len() - deny_all, deny_all)
+        };
+        let mut family = encoder.encode_descriptor(
+            "meshkit_node_proxy_rejected_authorization_policies",
+            "Authorization policies rejected on receipt now (alert when above 0), by what stands in for them: last_good (the last good version is enforced) or deny_all (it never had one: every connection in its scope is denied)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (stand_in, count) in [("last_good", last_good), ("deny_all", deny_all)] {
+            let labels = [("stand_in", stand_in)];
+            let metric: MetricEncoder<'_> = family.encode_family(&labels)?;
+            ConstGauge::new(i64::try_from(count).unwrap_or(i64::MAX)).encode(metric)?;
+        }
         let mut identities = live.certs.identities();
         identities.sort();
         let expiries: Vec<(SpiffeId, i64)> = identities

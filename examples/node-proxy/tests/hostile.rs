@@ -66,6 +66,7 @@ impl Node {
         tokio::spawn(firehose_app(TcpListener::bind(firehose).await.unwrap()));
         let mesh = MeshConfig {
             policies: Vec::new(),
+            rejected_policies: Vec::new(),
             workloads: vec![Workload {
                 authorization_policies: Vec::new(),
                 name: "app".into(),

@@ -230,6 +230,7 @@ async fn the_node_proxys_own_listeners_are_refused_even_where_any_port_is_allowe
         ));
     let mesh = MeshConfig {
         policies: Vec::new(),
+        rejected_policies: Vec::new(),
         workloads: vec![file_workload("web-1", "web", addr)],
         services: Vec::new(),
     };
@@ -266,6 +267,7 @@ async fn the_plaintext_listener_is_never_a_target_and_refuses_what_was_not_redir
         .with_inbound_plaintext(plaintext);
     let mesh = MeshConfig {
         policies: Vec::new(),
+        rejected_policies: Vec::new(),
         workloads: vec![file_workload("web-1", "web", addr)],
         services: Vec::new(),
     };
@@ -305,6 +307,7 @@ async fn a_reserved_wildcard_address_is_refused_on_every_workload_address() {
         .with_reserved(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), app));
     let mesh = MeshConfig {
         policies: Vec::new(),
+        rejected_policies: Vec::new(),
         workloads: vec![file_workload("web-1", "web", addr)],
         services: Vec::new(),
     };
@@ -355,6 +358,7 @@ async fn a_silent_ca_does_not_hold_up_mesh_updates() {
     let config = NodeProxyConfig::new(NODE, td()).with_hbone_port(HBONE);
     let mesh = |workloads: Vec<Workload>| MeshConfig {
         policies: Vec::new(),
+        rejected_policies: Vec::new(),
         workloads,
         services: Vec::new(),
     };
@@ -410,6 +414,7 @@ async fn start_returns_when_the_ca_stays_silent() {
     config.startup_timeout = Duration::from_millis(500);
     let mesh = MeshConfig {
         policies: Vec::new(),
+        rejected_policies: Vec::new(),
         workloads: vec![file_workload("slow-1", "slow", slow)],
         services: Vec::new(),
     };

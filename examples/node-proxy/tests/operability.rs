@@ -88,6 +88,7 @@ fn workload(name: &str, sa: &str, addr: IpAddr) -> Workload {
 fn mesh(net: u8, app: u16) -> MeshConfig {
     MeshConfig {
         policies: Vec::new(),
+        rejected_policies: Vec::new(),
         workloads: vec![
             workload("client-1", "client", ip(net, 11)),
             workload("web-1", "web", ip(net, 12)),

@@ -789,9 +789,10 @@ impl Session {
         reject_duplicates(&mut checked, &mut errors, &[]);
         // Listener and Cluster: what the response leaves out is deleted. Rejected names count as
         // present (their last good value stays); if a resource could not even be named, nothing
-        // is deleted, since it may be any of them. Only what we hold can be deleted: a name
-        // never received may be missing because the response answers a request sent before
-        // it was asked for, so its does-not-exist timer decides (gRPC does the same).
+        // is deleted, since it may be any of them. Only what we hold, or received and
+        // rejected, can be deleted: a name never received may be missing because the response
+        // answers a request sent before it was asked for, so its does-not-exist timer decides
+        // (gRPC does the same).
         let mut gone = Vec::new();
         if kind.all_resources_required_in_sotw() && !unnamed_errors {
             let present: FastSet<&str> = checked
@@ -805,7 +806,7 @@ impl Session {
                     .filter(|(n, e)| {
                         !present.contains(n.as_str())
                             && (ts.wildcard || ts.names.contains(*n))
-                            && e.cached.is_some()
+                            && (e.cached.is_some() || e.rejected)
                     })
                     .map(|(n, _)| n.clone()),
             );
@@ -1001,7 +1002,7 @@ impl Session {
                 c.ttl.and_then(|d| now.checked_add(d)),
             );
             e.absent = false;
-            e.rejected = false;
+            let was_rejected = std::mem::take(&mut e.rejected);
             let size = encoded_size(encoded, &c.name, &c.version);
             let old = e.cached.as_ref().map_or(0, |c| c.size);
             ts.bytes = ts.bytes.saturating_sub(old).saturating_add(size);
@@ -1009,6 +1010,16 @@ impl Session {
                 Some(cached) if cached.hash == hash => {
                     cached.version = c.version;
                     cached.size = size;
+                    // The version held is good again after a rejected one: a watcher that
+                    // acted on the rejection learns that it is over.
+                    if was_rejected {
+                        self.events.push_back(Event::Updated {
+                            type_url,
+                            name: c.name,
+                            version: cached.version.clone(),
+                            resource: cached.value.clone(),
+                        });
+                    }
                 }
                 slot => {
                     *slot = Some(Cached {
@@ -1396,13 +1407,16 @@ fn remove_entry(
     let had = gone.is_some();
     ts.bytes = ts.bytes.saturating_sub(gone.as_ref().map_or(0, |c| c.size));
     let was_absent = e.absent;
+    let was_rejected = e.rejected;
     e.absent = true;
     e.rejected = false;
     e.deletion_ignored = false;
     if !named {
         ts.entries.remove(name);
     }
-    let reason = if had {
+    // A resource whose only version was rejected is gone too: a watcher that acted on the
+    // rejection learns that it is over.
+    let reason = if had || was_rejected {
         RemovalReason::Deleted
     } else if named && !was_absent {
         RemovalReason::DoesNotExist

@@ -158,6 +158,7 @@ async fn start_inner(
         }],
         mesh: MeshConfig {
             policies: Vec::new(),
+            rejected_policies: Vec::new(),
             workloads: vec![Workload {
                 authorization_policies: Vec::new(),
                 name: "web-1".into(),
