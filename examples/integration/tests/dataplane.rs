@@ -929,3 +929,47 @@ async fn inbound_listeners_follow_the_mesh() {
     end.expect("the answer ends cleanly");
     assert!(String::from_utf8_lossy(&response).contains("\"name\":\"web-2\""));
 }
+
+/// Opens a tunnel to web-1 as the client, applies `change` to web-1 in the mesh, and returns
+/// how the open tunnel ended; the mesh is restored after.
+async fn tunnel_end_after(mesh: &Mesh, change: impl Fn(&mut Workload)) -> std::io::Result<usize> {
+    let web1 = SocketAddr::new(ip(mesh.net, 11), APP_PORT);
+    let hbone = SocketAddr::new(ip(mesh.net, 11), meshkit_hbone::HBONE_PORT);
+    let client_id = id(&mesh.td, "shop", "client");
+    let client = Client::new(
+        ClientConfig::default(),
+        mesh.ca.issue(client_id.clone()),
+        mesh.ca.bundle_set(),
+    );
+    let mut open = open_in_time(
+        &client,
+        Target::new(hbone, web1, client_id, id(&mesh.td, "shop", "web")),
+    )
+    .await
+    .expect("client admitted");
+    let mut config = mesh_config(mesh.net);
+    for w in &mut config.workloads {
+        if w.name == "web-1" {
+            change(w);
+        }
+    }
+    mesh.mesh_tx.send_replace(config);
+    let (_, end) = read_to_end_in_time(&mut open).await;
+    mesh.mesh_tx.send_replace(mesh_config(mesh.net));
+    end
+}
+
+/// An open tunnel is re-checked against everything that admitted it when the mesh changes:
+/// its workload no longer serving the port, or moving to another node, resets it with
+/// CONNECT_ERROR, as a policy that stops admitting it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_tunnel_ends_when_its_port_is_no_longer_served_or_its_workload_moves() {
+    let mesh = Mesh::start(8).await;
+    let connect_error = meshkit_hbone::Reason::CONNECT_ERROR.to_string();
+    let end = tunnel_end_after(&mesh, |w| w.ports = Some(vec![APP_PORT + 1])).await;
+    let err = end.expect_err("a tunnel to a port no longer served must not read as EOF");
+    assert!(err.to_string().contains(&connect_error), "{err}");
+    let end = tunnel_end_after(&mesh, |w| w.node = "node-a".into()).await;
+    let err = end.expect_err("a tunnel to a workload that moved must not read as EOF");
+    assert!(err.to_string().contains(&connect_error), "{err}");
+}

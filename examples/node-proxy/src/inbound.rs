@@ -274,6 +274,7 @@ async fn decide_in(
         source: record.source_addr,
         target: req.target,
         peer: Some(req.peer.clone()),
+        node: state.node.clone(),
     };
     let mut mesh = state.index.clone();
     if let Some(denial) = facts.denial(&mesh.borrow_and_update()) {
@@ -326,7 +327,7 @@ async fn decide_in(
                     }
                 },
                 () = revoked => {
-                    tracing::info!(%peer, %target, "closing inbound tunnel: a policy no longer admits it");
+                    tracing::info!(%peer, %target, "closing inbound tunnel: the mesh or a policy no longer admits it");
                     telemetry.denied("policy_changed");
                     // The copy is dropped with its counts: the bytes are not known.
                     open.finish(Bytes::default(), FLAG_DENY);
@@ -345,7 +346,7 @@ fn bytes(copied: meshkit_hbone::Copied) -> Bytes {
     }
 }
 
-/// What the mesh's authorization policies decide a connection by.
+/// What the mesh decides a connection by, at its start and at every change while it is open.
 pub(super) struct Facts {
     /// The client: for a tunnel, the original one the CONNECT names when verified, else the
     /// HBONE peer; for plaintext, the connection's source.
@@ -353,16 +354,33 @@ pub(super) struct Facts {
     pub(super) target: SocketAddr,
     /// The verified peer; `None` for plaintext.
     pub(super) peer: Option<SpiffeId>,
+    /// This node: the destination workload must run on it.
+    pub(super) node: String,
 }
 
 impl Facts {
-    /// Why the mesh's policies deny the tunnel (the deciding policy), if they do; a
-    /// destination that is not in `view` is denied. Logs what the dry-run policies would
-    /// decide.
+    /// Why the mesh no longer admits the connection, if it does not: its destination workload
+    /// is gone, runs on another node, or no longer serves the port; or the mesh's policies
+    /// deny it (the deciding policy). The first three are refused before this is asked at the
+    /// start ([`InboundState::refusal`], with reasons of their own), so that a change that
+    /// would have refused a connection also ends it once it is open. Logs what the dry-run
+    /// policies would decide.
     pub(super) fn denial(&self, view: &MeshView) -> Option<String> {
         let Some((workload, _)) = view.workload(self.target.ip()) else {
             return Some("the destination workload is no longer in the mesh".to_owned());
         };
+        if workload.node != self.node {
+            return Some(format!(
+                "the destination workload moved to node {:?}",
+                workload.node
+            ));
+        }
+        if !workload.serves_port(self.target.port()) {
+            return Some(format!(
+                "the destination workload no longer serves port {}",
+                self.target.port()
+            ));
+        }
         let conn = meshkit_mesh::authz::Connection {
             source: self.source,
             destination: self.target,
@@ -381,8 +399,8 @@ impl Facts {
         (!evaluation.decision.is_allowed()).then(|| evaluation.decision.to_string())
     }
 
-    /// Completes when a mesh update makes the policies deny the tunnel; never if the mesh can
-    /// no longer change.
+    /// Completes when a mesh update no longer admits the connection ([`Facts::denial`]); never
+    /// if the mesh can no longer change.
     pub(super) async fn revoked(&self, mesh: &mut watch::Receiver<Arc<MeshView>>) {
         loop {
             if mesh.changed().await.is_err() {
@@ -390,7 +408,7 @@ impl Facts {
             }
             let view = mesh.borrow_and_update().clone();
             if let Some(denial) = self.denial(&view) {
-                tracing::info!(peer = self.peer.as_ref().map_or("none", SpiffeId::as_str), target = %self.target, %denial, "authorization policy change denies an open connection");
+                tracing::info!(peer = self.peer.as_ref().map_or("none", SpiffeId::as_str), target = %self.target, %denial, "a mesh change no longer admits an open connection");
                 return;
             }
         }

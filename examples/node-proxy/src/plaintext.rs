@@ -87,6 +87,7 @@ async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketA
         source,
         target,
         peer: None,
+        node: state.node.clone(),
     };
     let mut mesh = state.index.clone();
     if let Some(denial) = facts.denial(&mesh.borrow_and_update()) {
