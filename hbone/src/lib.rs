@@ -88,6 +88,7 @@ mod client;
 mod config;
 mod copy;
 mod error;
+pub mod fair;
 mod forward;
 mod io;
 mod keepalive;

@@ -18,7 +18,9 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use meshkit_identity::{AcceptError, BoxFuture, CertSelector, SpiffeId};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
+
+use crate::fair::{FairSlots, FairStats, source_key};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -121,8 +123,14 @@ pub struct ServerConfig {
     /// a stream past it is reset with REFUSED_STREAM before the service sees it.
     /// Default: 2,000.
     pub max_streams_per_connection: u32,
-    /// Connections served at once; further clients wait in the listen backlog. Default: 10,000.
+    /// Connections served at once, shared fairly among sources ([`crate::fair`]): when all
+    /// are taken, a connection from a source holding fewer than the largest holder closes that
+    /// holder's least recently active connection and takes its place; any other is closed at
+    /// once. Default: 10,000.
     pub max_connections: usize,
+    /// Connections one source (an IPv4 address, or an IPv6 /64) may have open at once, TLS
+    /// handshakes included; one more is closed at once. Default: 1,000.
+    pub max_connections_per_source: usize,
     /// A connection without streams for this long is closed with GOAWAY. Default: 5 min.
     pub idle_timeout: Duration,
     /// Runs each connection's and each stream's task. Default:
@@ -140,6 +148,7 @@ impl Default for ServerConfig {
             max_handshakes_per_source: 128,
             max_streams_per_connection: 2_000,
             max_connections: 10_000,
+            max_connections_per_source: 1_000,
             idle_timeout: Duration::from_secs(300),
             executor: Exec::default(),
         }
@@ -190,6 +199,12 @@ impl ServerConfig {
         self
     }
 
+    /// Sets how many connections one source may have open at once (at least 1).
+    pub fn with_max_connections_per_source(mut self, max: usize) -> Self {
+        self.max_connections_per_source = max.max(1);
+        self
+    }
+
     /// Sets the idle timeout of connections.
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
@@ -214,6 +229,8 @@ pub struct ServerStats {
     handshake_failures: AtomicU64,
     refused_per_source: AtomicU64,
     streams: AtomicU64,
+    /// The connection places ([`ServerConfig::max_connections`]), with their own counts.
+    slots: Option<FairSlots>,
 }
 
 impl ServerStats {
@@ -242,6 +259,13 @@ impl ServerStats {
     pub fn streams(&self) -> u64 {
         self.streams.load(Ordering::Relaxed)
     }
+
+    /// What the fair share of connection places did: connections closed at accept because
+    /// their source held [`ServerConfig::max_connections_per_source`] or every place was held
+    /// fairly, and connections closed to give their place to a source holding fewer.
+    pub fn connection_shares(&self) -> Option<&FairStats> {
+        self.slots.as_ref().map(FairSlots::stats)
+    }
 }
 
 /// An HBONE server.
@@ -267,11 +291,15 @@ where
 {
     /// A server with `config`, choosing certificates with `selector`, deciding with `service`.
     pub fn new(config: ServerConfig, selector: impl Into<Arc<Sel>>, service: S) -> Self {
+        let slots = FairSlots::new(config.max_connections, config.max_connections_per_source);
         Self {
             config,
             selector: selector.into(),
             service,
-            stats: Arc::default(),
+            stats: Arc::new(ServerStats {
+                slots: Some(slots),
+                ..ServerStats::default()
+            }),
         }
     }
 
@@ -306,17 +334,15 @@ where
         // Each connection task holds a sender, so `recv` returns `None` once all have ended,
         // whichever executor runs them.
         let (done_tx, mut done_rx) = mpsc::channel::<Infallible>(1);
-        let slots = Arc::new(Semaphore::new(this.config.max_connections));
+        let slots = this.stats.slots.clone().unwrap_or_else(|| {
+            FairSlots::new(
+                this.config.max_connections,
+                this.config.max_connections_per_source,
+            )
+        });
         let handshaking = Arc::new(Handshaking::default());
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            let slot = tokio::select! {
-                () = &mut shutdown => break,
-                slot = slots.clone().acquire_owned() => match slot {
-                    Ok(slot) => slot,
-                    Err(_) => break,
-                },
-            };
             let (sock, source) = tokio::select! {
                 () = &mut shutdown => break,
                 accepted = listener.accept() => match accepted {
@@ -328,6 +354,13 @@ where
                         continue;
                     }
                 },
+            };
+            let slot = match slots.admit(source.ip()) {
+                Ok(slot) => slot,
+                Err(refusal) => {
+                    tracing::debug!(%source, ?refusal, "no connection place for this source; closing");
+                    continue;
+                }
             };
             let Some(admitted) =
                 handshaking.admit(source.ip(), this.config.max_handshakes_per_source)
@@ -351,8 +384,9 @@ where
             let drain_rx = drain_rx.clone();
             let mut abort = abort_rx.clone();
             let done = done_tx.clone();
+            let sock = slot.hold(sock);
             this.config.executor.execute(async move {
-                let (_done, _slot) = (done, slot);
+                let _done = done;
                 tokio::select! {
                     result = task.serve_io(sock, source, destination, drain_rx, Some(admitted)) => {
                         if let Err(e) = result {
@@ -589,18 +623,6 @@ impl Handshaking {
             table: self.clone(),
             ip,
         })
-    }
-}
-
-/// What the per-source handshake limit counts by: an IPv4 address, or an IPv6 /64 (one host
-/// commonly holds a whole /64, so counting single IPv6 addresses would bound nothing).
-fn source_key(ip: IpAddr) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V6(v6) => {
-            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
-            IpAddr::V6(std::net::Ipv6Addr::from(prefix))
-        }
-        v4 => v4,
     }
 }
 

@@ -23,51 +23,114 @@ const REFUSED_STREAM: u32 = 0x7;
 /// HPACK, static table index 8: `:status: 200`, as the first byte of a response's block.
 const STATUS_200: u8 = 0x88;
 
-/// `max_connections` connections are served at once; the next client waits in the listen
-/// backlog, is not refused, and is served as soon as a connection closes.
+/// A raw TCP connection to `server` from 127.0.0.`host`, which never starts TLS.
+async fn silent_from(host: u8, server: SocketAddr) -> tokio::net::TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::from(([127, 0, 0, host], 0))).unwrap();
+    sock.connect(server).await.unwrap()
+}
+
+/// Whether the server closed `sock` (EOF or a reset) within the patience of these tests.
+async fn closed(sock: &mut tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), sock.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// `max_connections` places are shared fairly among sources: one source that fills them
+/// with connections that never authenticate keeps a client of another source out only until
+/// it asks. The client's connection takes the place of the filler's least recently active
+/// one, which is closed; a further connection from the filler, which now holds as many as
+/// is fair, is closed at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_past_max_connections_waits_until_one_closes() {
+async fn one_source_filling_max_connections_gives_a_place_to_another() {
     let pki = Pki::new();
     let backend = echo_backend().await;
     let server = start(
         &pki,
-        ServerConfig::default().with_max_connections(1),
+        ServerConfig::default()
+            .with_max_connections(4)
+            .with_handshake_timeout(Duration::from_secs(60)),
         Forward::new(),
     )
     .await;
-    let first = pki.client(CLIENT, ClientConfig::default());
-    let mut held = first.open(target(server.addr, backend)).await.unwrap();
-    held.write_all(b"held").await.unwrap();
-    let mut echoed = [0u8; 4];
-    within("the first tunnel's echo", held.read_exact(&mut echoed))
-        .await
-        .unwrap();
-
-    // Another client (so another connection) while the only slot is taken.
-    let second = pki.client(CLIENT, ClientConfig::default());
-    let mut waiting = tokio::spawn(async move {
-        let tunnel = second.open(target(server.addr, backend)).await?;
-        Ok::<_, meshkit_hbone::Error>(round_trip(tunnel, b"served later").await)
-    });
-    // A correct server never serves (or refuses) it now, however long we look; one without
-    // the cap would within milliseconds, which this look gives it plenty of time to show.
-    if let Ok(early) = tokio::time::timeout(Duration::from_millis(500), &mut waiting).await {
-        panic!(
-            "a connection past max_connections was answered while the first was open: {early:?}"
-        );
+    let mut filler = Vec::new();
+    for _ in 0..4 {
+        filler.push(silent_from(3, server.addr).await);
     }
-    assert_eq!(server.stats.connections_accepted(), 1);
-    assert_eq!(server.stats.connections_open(), 1);
+    // Each of the four holds its place (in its TLS handshake).
+    within("the four places held", async {
+        while server.stats.connections_open() < 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // A client of another source (127.0.0.1) is served at once.
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let tunnel = within(
+        "the other source's tunnel",
+        client.open(target(server.addr, backend)),
+    )
+    .await
+    .expect("a place for another source");
+    assert_eq!(round_trip(tunnel, b"served").await, b"served");
+    let shares = server.stats.connection_shares().expect("fair shares");
+    assert_eq!(shares.evicted(), 1);
+    // One of the filler's connections was closed to make room.
+    let mut closed_count = 0;
+    for sock in &mut filler {
+        let mut buf = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(200), sock.read(&mut buf)).await
+        {
+            closed_count += 1;
+        }
+    }
+    assert_eq!(closed_count, 1);
+    // The filler holds 3 and the client 1 of the 4: one more from the filler is closed.
+    let mut more = silent_from(3, server.addr).await;
+    assert!(
+        closed(&mut more).await,
+        "a fifth connection of the filler was kept"
+    );
+    assert_eq!(shares.refused_full(), 1);
+}
 
-    // The first connection closes: the waiting one is served.
-    drop(held);
-    drop(first);
-    let echoed = within("the waiting client, once the slot is free", waiting)
-        .await
-        .unwrap()
-        .expect("the waiting client is served, not refused");
-    assert_eq!(echoed, b"served later");
-    assert_eq!(server.stats.connections_accepted(), 2);
+/// One source holds at most `max_connections_per_source` connections, in their handshakes
+/// or not; one more is closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_a_sources_share_are_closed() {
+    let pki = Pki::new();
+    let server = start(
+        &pki,
+        ServerConfig::default()
+            .with_max_connections_per_source(2)
+            .with_handshake_timeout(Duration::from_secs(60)),
+        Forward::new(),
+    )
+    .await;
+    let _held = [
+        silent_from(4, server.addr).await,
+        silent_from(4, server.addr).await,
+    ];
+    let mut third = silent_from(4, server.addr).await;
+    assert!(
+        closed(&mut third).await,
+        "a third connection of one source was kept"
+    );
+    let shares = server.stats.connection_shares().expect("fair shares");
+    assert_eq!(shares.refused_share(), 1);
+    // Another source is served.
+    let mut other = silent_from(5, server.addr).await;
+    let mut buf = [0u8; 1];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), other.read(&mut buf))
+            .await
+            .is_err(),
+        "another source's connection was closed"
+    );
 }
 
 /// The server announces its stream limit in SETTINGS_MAX_CONCURRENT_STREAMS and refuses a

@@ -814,11 +814,11 @@ impl CaLimits {
     /// the concurrent calls. Add it to a server from [`CaLimits::server`].
     ///
     /// Each call is admitted in three steps, each refusing with `RESOURCE_EXHAUSTED` or
-    /// `UNAUTHENTICATED` at once: its source's share ([`max_calls_per_source`]
-    /// (Self::max_calls_per_source)), its credential, read from the headers before the
-    /// body, and its caller's share ([`max_calls_per_caller`](Self::max_calls_per_caller));
-    /// only then does it take one of the
-    /// [`max_concurrent_requests`](Self::max_concurrent_requests) places.
+    /// `UNAUTHENTICATED` at once: its source's share
+    /// ([`max_calls_per_source`](Self::max_calls_per_source)), its credential, read from the
+    /// headers before the body, and its caller's share
+    /// ([`max_calls_per_caller`](Self::max_calls_per_caller)); only then does it take one of
+    /// the [`max_concurrent_requests`](Self::max_concurrent_requests) places.
     pub fn service(&self, signer: TokenSigner) -> ConcurrencyLimited<IstioCaServer<TokenSigner>> {
         let metrics = signer.metrics.clone();
         let auth = signer.auth.clone();
@@ -852,7 +852,7 @@ impl CaLimits {
         let first_call = self.first_call_timeout;
         let deadlined = incoming.map(move |conn| {
             conn.map(|io| {
-                let source = io.source().map(crate::shares::source_key);
+                let source = io.source().map(meshkit_hbone::fair::source_key);
                 (source, AdmissionDeadline::new(io, first_call))
             })
         });

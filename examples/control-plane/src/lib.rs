@@ -215,7 +215,11 @@ pub struct ControlPlaneConfig {
     /// Connections open at once from one source (an IPv4 address, or an IPv6 /64), on each
     /// of the ADS and CA listeners; more are closed at accept, before TLS, so that one host
     /// cannot hold the connection slots whatever it sends. Default 64 (a node proxy or a
-    /// gateway keeps one or two).
+    /// gateway keeps one or two). The listeners' places (10,000 for ADS, the CA's
+    /// [`CaLimits::max_connections`]) and their TLS handshakes in progress are shared fairly
+    /// among sources ([`meshkit_hbone::fair`]): when all are taken, a connection from a source
+    /// holding fewer than the largest holder closes that holder's least recently active
+    /// connection, so that sources filling the listener together cannot keep another out.
     pub max_connections_per_source: usize,
     /// Where to serve the admin endpoint (readiness, metrics, config dump, log filter; see
     /// the [crate] documentation). It is unauthenticated: keep it on loopback. Default
@@ -229,6 +233,10 @@ pub struct ControlPlaneConfig {
     /// ([`service_accounts`]). Default `None`: only the tokens of [`Self::grants`].
     pub service_accounts: Option<service_accounts::ServiceAccountAuth>,
 }
+
+/// ADS connections open at once, shared fairly among sources (see
+/// [`ControlPlaneConfig::max_connections_per_source`]).
+const ADS_MAX_CONNECTIONS: usize = 10_000;
 
 /// The outcome of the latest load of the manifest folder.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -612,12 +620,22 @@ impl ControlPlane {
         let stopped = stop_signal(&stop);
         // Delta clients resuming with many resources send them all in their first request.
         let ads = AdsServer::new(cache.clone())
-            .with_config(ServerConfig::default().max_decoding_message_size(16 * 1024 * 1024))
+            .with_config(
+                ServerConfig::default()
+                    .max_decoding_message_size(16 * 1024 * 1024)
+                    .max_connections(ADS_MAX_CONNECTIONS),
+            )
             .with_access(access)
             .with_observer(metrics.xds().clone())
             .with_stop(stop.subscribe());
         let per_source = config.max_connections_per_source;
-        let ads_incoming = tls::incoming(ads_listener, acceptor.clone(), per_source);
+        let ads_incoming = tls::incoming(
+            ads_listener,
+            acceptor.clone(),
+            ADS_MAX_CONNECTIONS,
+            per_source,
+            metrics.listeners().ads.clone(),
+        );
         let ads_up = Arc::clone(&ads_bound);
         tasks.push(tokio::spawn(async move {
             if let Err(e) = ads.serve_with_incoming(ads_incoming, stopped).await {
@@ -627,8 +645,15 @@ impl ControlPlane {
         }));
         let stopped = stop_signal(&stop);
         let ca_up = Arc::clone(&ca_bound);
+        let ca_shares = metrics.listeners().ca.clone();
         tasks.push(tokio::spawn(async move {
-            let incoming = ca_limits.connections(tls::incoming(ca_listener, acceptor, per_source));
+            let incoming = ca_limits.connections(tls::incoming(
+                ca_listener,
+                acceptor,
+                ca_limits.max_connections,
+                per_source,
+                ca_shares,
+            ));
             let result = ca_limits
                 .server()
                 .add_service(ca_limits.service(signer))

@@ -64,6 +64,38 @@ pub struct ControlPlaneMetrics {
     status: StatusMetrics,
     service_accounts: ServiceAccountMetrics,
     kube: KubeMetrics,
+    listeners: ListenerMetrics,
+}
+
+/// The fair shares of the ADS and CA listeners' connections
+/// (`meshkit_connections_refused{listener,reason}`), read at each scrape.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ListenerMetrics {
+    pub(crate) ads: crate::tls::ListenerShares,
+    pub(crate) ca: crate::tls::ListenerShares,
+}
+
+impl prometheus_client::collector::Collector for ListenerMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        let mut family = encoder.encode_descriptor(
+            "meshkit_connections_refused",
+            "ADS and CA connections closed for the fair share of places among sources: at accept (source_share: the source holds its share; full: every place is held fairly), or open ones closed to give their place to a source holding fewer (evicted); tls_* for the places of TLS handshakes",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (listener, shares) in [("ads", &self.ads), ("ca", &self.ca)] {
+            for (reason, count) in shares.counts() {
+                let labels = [("listener", listener), ("reason", reason)];
+                let metric = family.encode_family(&labels)?;
+                prometheus_client::metrics::counter::ConstCounter::new(count).encode(metric)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The Kubernetes source's watches.
@@ -180,6 +212,26 @@ impl ControlPlaneMetrics {
         self.status.register(registry);
         self.service_accounts.register(registry);
         self.kube.register(registry);
+        registry.register_collector(Box::new(self.listeners.clone()));
+    }
+
+    /// Connections of `listener` (`ads`, `ca`) closed for `reason` so far (see
+    /// `meshkit_connections_refused`).
+    pub fn connections_refused(&self, listener: &str, reason: &str) -> u64 {
+        let shares = match listener {
+            "ads" => &self.listeners.ads,
+            "ca" => &self.listeners.ca,
+            _ => return 0,
+        };
+        shares
+            .counts()
+            .into_iter()
+            .find(|(r, _)| *r == reason)
+            .map_or(0, |(_, n)| n)
+    }
+
+    pub(crate) fn listeners(&self) -> &ListenerMetrics {
+        &self.listeners
     }
 
     /// The ADS metrics.

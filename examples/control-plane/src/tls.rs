@@ -15,7 +15,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -33,7 +32,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
-use crate::shares::{Held, Tally, source_key};
+use meshkit_hbone::fair::{FairSlots, source_key};
 
 /// How ADS and the CA serve TLS. Build with [`ServingTls::default`] and the `with_*` methods.
 #[derive(Debug, Clone)]
@@ -45,8 +44,9 @@ pub struct ServingTls {
     pub validity: Duration,
     /// Deadline of each TLS handshake. Default 10 s.
     pub handshake_timeout: Duration,
-    /// Handshakes in progress at once; connections beyond that are closed at once. Default
-    /// 1024.
+    /// Handshakes in progress at once on each listener, shared fairly among sources as its
+    /// connections are ([`ControlPlaneConfig::max_connections_per_source`](crate::ControlPlaneConfig::max_connections_per_source));
+    /// a connection refused a place is closed at once. Default 1024.
     pub max_handshakes: usize,
     /// The crypto provider. Default meshkit-identity's (ring).
     pub provider: Option<Arc<CryptoProvider>>,
@@ -246,18 +246,16 @@ fn issue(
     Ok(Arc::new(CertifiedKey::new(chain, key)))
 }
 
-/// A served connection, plain or TLS, as tonic takes it, holding its place among its
-/// source's connections until it is dropped.
-pub(crate) struct Conn(Box<dyn Io>, SourceSlot);
+/// A served connection, plain or TLS, as tonic takes it. Its socket holds the connection's
+/// place among the listener's ([`FairSlots`]) until it is dropped, and fails once the place
+/// is taken for another source.
+pub(crate) struct Conn(Box<dyn Io>, IpAddr);
 
 impl crate::ca::PeerSource for Conn {
     fn source(&self) -> Option<IpAddr> {
-        Some(*self.1.key())
+        Some(self.1)
     }
 }
-
-/// One connection counted among its source's until it is dropped.
-type SourceSlot = Held<IpAddr>;
 
 trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
@@ -299,61 +297,75 @@ impl AsyncWrite for Conn {
 }
 
 /// The connections of `listener`, through TLS when `tls` is set. Each handshake runs on its
-/// own task with `timeout`, at most `max` at once, so a silent client delays no one; at most
-/// `per_source` connections are open from one source (IPv4 address or IPv6 /64), more are
-/// closed at accept. Ends when the returned stream is dropped.
+/// own task with `timeout`; connections and handshakes in progress are each shared fairly
+/// among sources ([`meshkit_hbone::fair`]): at most `max` connections open and
+/// `per_source` from one source (an IPv4 address or an IPv6 /64), and when all are open, one
+/// from a source holding fewer than the largest holder closes that holder's least recently
+/// active connection; any other is closed at accept. Handshakes are shared the same way, at
+/// most the `tls` setting's number at once. Refusals and evictions are counted in `counts`.
+/// Ends when the returned stream is dropped.
 pub(crate) fn incoming(
     listener: TcpListener,
     tls: Option<(TlsAcceptor, Duration, usize)>,
+    max: usize,
     per_source: usize,
+    counts: ListenerShares,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Conn>> {
     let (tx, rx) = mpsc::channel(64);
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let sources = Tally::default();
+    let slots = FairSlots::new(max, per_source);
+    let handshakes = tls
+        .as_ref()
+        .map(|(_, _, max_handshakes)| FairSlots::new(*max_handshakes, per_source));
+    counts.follow(slots.clone(), handshakes.clone());
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
                 () = tx.closed() => return,
             };
-            let (tcp, slot) = match accepted {
-                Ok((tcp, peer)) => match sources.take(source_key(peer.ip()), per_source) {
-                    Some(slot) => (tcp, slot),
-                    None => {
-                        tracing::warn!(%peer, per_source, "too many connections from this source; closed");
-                        continue;
-                    }
-                },
+            let (tcp, source) = match accepted {
+                Ok((tcp, peer)) => (tcp, source_key(peer.ip())),
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             };
+            let slot = match slots.admit(source) {
+                Ok(slot) => slot,
+                Err(refusal) => {
+                    tracing::warn!(%source, ?refusal, "no connection place for this source; closed");
+                    continue;
+                }
+            };
             let _ = tcp.set_nodelay(true);
-            let Some((acceptor, timeout, max)) = &tls else {
-                if tx.send(Ok(Conn(Box::new(tcp), slot))).await.is_err() {
+            let tcp = slot.hold(tcp);
+            let (Some((acceptor, timeout, _)), Some(handshakes)) = (&tls, &handshakes) else {
+                if tx.send(Ok(Conn(Box::new(tcp), source))).await.is_err() {
                     return;
                 }
                 continue;
             };
-            if in_flight.load(Ordering::Relaxed) >= *max {
-                tracing::warn!("too many TLS handshakes in progress; connection closed");
-                continue;
-            }
-            in_flight.fetch_add(1, Ordering::Relaxed);
-            let (acceptor, timeout, tx, in_flight) = (
-                acceptor.clone(),
-                *timeout,
-                tx.clone(),
-                Arc::clone(&in_flight),
-            );
+            let handshake = match handshakes.admit(source) {
+                Ok(handshake) => handshake,
+                Err(refusal) => {
+                    tracing::warn!(%source, ?refusal, "no TLS handshake place for this source; closed");
+                    continue;
+                }
+            };
+            let (acceptor, timeout, tx) = (acceptor.clone(), *timeout, tx.clone());
             tokio::spawn(async move {
-                let result = tokio::time::timeout(timeout, acceptor.accept(tcp)).await;
-                in_flight.fetch_sub(1, Ordering::Relaxed);
+                let result = tokio::select! {
+                    result = tokio::time::timeout(timeout, acceptor.accept(tcp)) => result,
+                    () = handshake.evicted() => {
+                        tracing::debug!(%source, "TLS handshake closed: its place went to another source");
+                        return;
+                    }
+                };
+                drop(handshake);
                 match result {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(Conn(Box::new(tls), slot))).await;
+                        let _ = tx.send(Ok(Conn(Box::new(tls), source))).await;
                     }
                     Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!("TLS handshake timed out"),
@@ -362,6 +374,39 @@ pub(crate) fn incoming(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The fair shares of one listener's connections and TLS handshakes, for its metrics: set once
+/// the listener serves.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ListenerShares(Arc<std::sync::OnceLock<(FairSlots, Option<FairSlots>)>>);
+
+impl ListenerShares {
+    fn follow(&self, connections: FairSlots, handshakes: Option<FairSlots>) {
+        let _ = self.0.set((connections, handshakes));
+    }
+
+    /// Each reason's count: connections refused at accept because their source held its
+    /// share or every place was held fairly, and open ones closed for a source holding fewer;
+    /// `tls_*` the same for handshakes.
+    pub(crate) fn counts(&self) -> Vec<(&'static str, u64)> {
+        let Some((conns, handshakes)) = self.0.get() else {
+            return Vec::new();
+        };
+        let mut counts = vec![
+            ("source_share", conns.stats().refused_share()),
+            ("full", conns.stats().refused_full()),
+            ("evicted", conns.stats().evicted()),
+        ];
+        if let Some(h) = handshakes {
+            counts.extend([
+                ("tls_source_share", h.stats().refused_share()),
+                ("tls_full", h.stats().refused_full()),
+                ("tls_evicted", h.stats().evicted()),
+            ]);
+        }
+        counts
+    }
 }
 
 /// The IPs to name in the serving certificate.

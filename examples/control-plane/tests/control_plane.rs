@@ -1324,6 +1324,66 @@ async fn plaintext_is_refused_on_a_non_loopback_address() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A TCP connection to `to` from 127.0.0.`host`.
+async fn connect_from(host: u8, to: SocketAddr) -> tokio::net::TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::from(([127, 0, 0, host], 0))).unwrap();
+    sock.connect(to).await.unwrap()
+}
+
+/// The places of TLS handshakes in progress are shared fairly among sources: one host that
+/// fills them with handshakes it never finishes keeps another out only until it asks. The
+/// other source's handshake is answered, in the place of the filler's least recently active
+/// one, which is closed; the refusals are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_source_filling_the_handshakes_gives_a_place_to_another() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = manifest_copy("fair-handshakes");
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let tls = meshkit_control_plane::tls::ServingTls {
+        max_handshakes: 3,
+        ..Default::default()
+    };
+    let cp = ControlPlane::start(
+        ControlPlaneConfig::new(&dir)
+            .with_ads_addr(any)
+            .with_ca_addr(any)
+            .with_tls(tls),
+    )
+    .await
+    .expect("control plane starts");
+    const HELLO_START: &[u8] = b"\x16\x03\x01\x00\x04\x01\x00\x00\x00";
+    for (listener, addr) in [("ads", cp.ads_addr()), ("ca", cp.ca_addr())] {
+        let mut filler = Vec::new();
+        for _ in 0..3 {
+            filler.push(connect_from(9, addr).await);
+        }
+        // Another source's handshake runs: a TLS alert comes back, not a bare close.
+        let mut other = connect_from(10, addr).await;
+        other.write_all(HELLO_START).await.unwrap();
+        let mut buf = [0u8; 16];
+        let answered = tokio::time::timeout(PATIENCE, other.read(&mut buf)).await;
+        assert!(
+            matches!(answered, Ok(Ok(n)) if n > 0),
+            "{listener}: another source's handshake was not served: {answered:?}"
+        );
+        let mut closed = 0;
+        for sock in &mut filler {
+            let read = tokio::time::timeout(Duration::from_millis(300), sock.read(&mut buf)).await;
+            if matches!(read, Ok(Ok(0) | Err(_))) {
+                closed += 1;
+            }
+        }
+        assert_eq!(
+            closed, 1,
+            "{listener}: one of the filler's handshakes gives its place"
+        );
+        assert_eq!(cp.metrics().connections_refused(listener, "tls_evicted"), 1);
+    }
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// One host cannot take every connection slot: past `max_connections_per_source` from one
 /// address, ADS and CA connections are closed at accept, before TLS; another source is still
 /// served, and the slots come back when the connections close.
@@ -1340,11 +1400,6 @@ async fn connections_per_source_are_limited_on_ads_and_the_ca() {
     )
     .await
     .expect("control plane starts");
-    let connect_from = |host: u8, to: SocketAddr| async move {
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.bind(SocketAddr::from(([127, 0, 0, host], 0))).unwrap();
-        sock.connect(to).await.unwrap()
-    };
     for addr in [cp.ads_addr(), cp.ca_addr()] {
         let mut held = Vec::new();
         for _ in 0..4 {

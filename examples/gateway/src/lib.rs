@@ -78,11 +78,12 @@ use std::time::Duration;
 
 use meshkit_admin::{AccessLog, Admin, Readiness, Registry};
 use meshkit_hbone::Client;
+use meshkit_hbone::fair::FairSlots;
 use meshkit_identity::{SpiffeId, TrustDomain};
 use meshkit_ingress_model::{Ingress, IngressClass, RouteTable};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
@@ -134,7 +135,9 @@ pub struct GatewayConfig {
 ///
 /// | setting | default | bounds |
 /// |---|---|---|
-/// | [`max_connections`](Self::max_connections) | 10,000 | client connections open at once, all listeners of the gateway together; more are closed at accept |
+/// | [`max_connections`](Self::max_connections) | 10,000 | client connections open at once, all listeners of the gateway together, shared fairly among sources ([`meshkit_hbone::fair`]); when all are open, one from a source holding fewer than the largest holder closes that holder's least recently active connection, and any other is closed at accept |
+/// | [`max_connections_per_source`](Self::max_connections_per_source) | 1,000 | client connections of one source (an IPv4 address, or an IPv6 /64); more are closed at accept |
+/// | [`max_tls_handshakes`](Self::max_tls_handshakes), [`max_tls_handshakes_per_source`](Self::max_tls_handshakes_per_source) | 1,024, 128 | TLS handshakes in progress, shared fairly among sources as connections are; a connection past them is closed at accept |
 /// | [`tls_handshake_timeout`](Self::tls_handshake_timeout) | 10 s | TCP accept to a finished TLS handshake |
 /// | [`sniff_timeout`](Self::sniff_timeout) | 10 s | the first bytes that tell HTTP/1 from HTTP/2 (after TLS, if any) |
 /// | [`header_read_timeout`](Self::header_read_timeout) | 30 s | an HTTP/1 request head, and the wait for the next one on a keep-alive connection |
@@ -174,6 +177,14 @@ pub struct GatewaySettings {
     /// handshakes included); a connection accepted beyond it is closed at once. Default:
     /// 10,000 (the process's file descriptor limit must allow as many).
     pub max_connections: usize,
+    /// Client connections one source (an IPv4 address, or an IPv6 /64) may have open.
+    /// Default: 1,000 (clients behind one NAT share a source).
+    pub max_connections_per_source: usize,
+    /// TLS handshakes in progress at once, over all listeners, shared fairly among sources.
+    /// Default: 1,024.
+    pub max_tls_handshakes: usize,
+    /// TLS handshakes in progress at once from one source. Default: 128.
+    pub max_tls_handshakes_per_source: usize,
     /// How long a new connection (after its TLS handshake, if any) may take to send the
     /// bytes that tell HTTP/1 from HTTP/2 (up to the 24 bytes of the HTTP/2 preface); a
     /// connection that does not is closed. Default: 10 s.
@@ -251,6 +262,9 @@ impl GatewaySettings {
             backend_idle_timeout: Duration::from_secs(60),
             provider: meshkit_identity::default_provider(),
             max_connections: 10_000,
+            max_connections_per_source: 1_000,
+            max_tls_handshakes: 1_024,
+            max_tls_handshakes_per_source: 128,
             sniff_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(30),
             max_header_bytes: 32 * 1024,
@@ -321,6 +335,20 @@ impl GatewaySettings {
     /// Sets how many client connections may be open at once (at least 1).
     pub fn with_max_connections(mut self, max: usize) -> Self {
         self.max_connections = max.max(1);
+        self
+    }
+
+    /// Sets how many client connections one source may have open (at least 1).
+    pub fn with_max_connections_per_source(mut self, max: usize) -> Self {
+        self.max_connections_per_source = max.max(1);
+        self
+    }
+
+    /// Sets how many TLS handshakes may be in progress at once, in all and from one source
+    /// (each at least 1).
+    pub fn with_max_tls_handshakes(mut self, max: usize, per_source: usize) -> Self {
+        self.max_tls_handshakes = max.max(1);
+        self.max_tls_handshakes_per_source = per_source.max(1);
         self
     }
 
@@ -428,8 +456,10 @@ struct Shared {
     rolls: Arc<Mutex<std::collections::HashMap<usize, u64>>>,
     /// Idle backend connections, reused across requests.
     pool: Arc<proxy::BackendPool>,
-    /// One permit per client connection, [`GatewaySettings::max_connections`] in all.
-    connections: Arc<Semaphore>,
+    /// The client connections' places, [`GatewaySettings::max_connections`] in all.
+    connections: FairSlots,
+    /// The places of TLS handshakes in progress.
+    handshakes: FairSlots,
     metrics: metrics::Metrics,
     /// The gateway's own labels in the request metrics.
     source: observe::Source,
@@ -487,7 +517,14 @@ impl Gateway {
         let (tx, rx) = watch::channel(compile(&initial));
         drop(initial);
         let pool = Arc::new(proxy::BackendPool::new(settings.backend_idle_timeout));
-        let settings_max_connections = settings.max_connections;
+        let connections = FairSlots::new(
+            settings.max_connections,
+            settings.max_connections_per_source,
+        );
+        let handshakes = FairSlots::new(
+            settings.max_tls_handshakes,
+            settings.max_tls_handshakes_per_source,
+        );
         let idle = pool.clone();
         let rolls: Arc<Mutex<std::collections::HashMap<usize, u64>>> = Arc::default();
         let stale_rolls = rolls.clone();
@@ -522,9 +559,8 @@ impl Gateway {
             positions: Mutex::default(),
             rolls,
             pool,
-            connections: Arc::new(Semaphore::new(
-                settings_max_connections.clamp(1, Semaphore::MAX_PERMITS),
-            )),
+            connections,
+            handshakes,
             metrics: metrics::Metrics::default(),
             readiness,
             drain: watch::Sender::new(None),
@@ -611,12 +647,27 @@ impl Gateway {
                 }
             };
             // At the cap, closed at once: a client learns now, not after a timeout.
-            let Ok(permit) = self.shared.connections.clone().try_acquire_owned() else {
-                tracing::debug!(%client, max = self.shared.settings.max_connections, "connection limit reached; closed");
-                drop(sock);
-                continue;
+            let slot = match self.shared.connections.admit(client.ip()) {
+                Ok(slot) => slot,
+                Err(refusal) => {
+                    tracing::debug!(%client, ?refusal, "no connection place for this client; closed");
+                    drop(sock);
+                    continue;
+                }
+            };
+            let handshake = match &tls {
+                None => None,
+                Some(_) => match self.shared.handshakes.admit(client.ip()) {
+                    Ok(handshake) => Some(handshake),
+                    Err(refusal) => {
+                        tracing::debug!(%client, ?refusal, "no TLS handshake place for this client; closed");
+                        drop(sock);
+                        continue;
+                    }
+                },
             };
             let _ = sock.set_nodelay(true);
+            let sock = slot.hold(sock);
             let shared = self.shared.clone();
             let stack = self.stack.clone();
             let tls = tls.clone();
@@ -627,7 +678,6 @@ impl Gateway {
                 .iter()
                 .any(|net| net.contains(client.ip()));
             connections.spawn(async move {
-                let _permit = permit;
                 let peer = |scheme| stack::Client {
                     addr: client,
                     port,
@@ -639,7 +689,16 @@ impl Gateway {
                     None => conn::serve(&shared, stack, sock, peer("http")).await,
                     Some(acceptor) => {
                         let timeout = shared.settings.tls_handshake_timeout;
-                        match tokio::time::timeout(timeout, acceptor.accept(sock)).await {
+                        let handshake = handshake.expect("a handshake place for TLS");
+                        let accepted = tokio::select! {
+                            accepted = tokio::time::timeout(timeout, acceptor.accept(sock)) => accepted,
+                            () = handshake.evicted() => {
+                                tracing::debug!(%client, "TLS handshake closed: its place went to a client of another source");
+                                return;
+                            }
+                        };
+                        drop(handshake);
+                        match accepted {
                             Ok(Ok(stream)) => {
                                 conn::serve(&shared, stack, stream, peer("https")).await;
                             }

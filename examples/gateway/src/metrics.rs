@@ -292,17 +292,31 @@ impl Collector for GatewayCollector {
         let Some(shared) = self.shared.upgrade() else {
             return Ok(());
         };
-        let max = shared
-            .settings
-            .max_connections
-            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
-        let open = max.saturating_sub(shared.connections.available_permits());
         gauge(
             &mut encoder,
             "meshkit_gateway_downstream_connections",
             "Client connections open",
-            open as u64,
+            shared.connections.held() as u64,
         )?;
+        let (conns, handshakes) = (shared.connections.stats(), shared.handshakes.stats());
+        let mut family = encoder.encode_descriptor(
+            "meshkit_gateway_downstream_connections_refused",
+            "Client connections closed for the fair share of places among sources: at accept (source_share: the source holds its share; full: every place is held fairly), or open ones closed to give their place to a source holding fewer (evicted); tls_* for the places of TLS handshakes",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, count) in [
+            ("source_share", conns.refused_share()),
+            ("full", conns.refused_full()),
+            ("evicted", conns.evicted()),
+            ("tls_source_share", handshakes.refused_share()),
+            ("tls_full", handshakes.refused_full()),
+            ("tls_evicted", handshakes.evicted()),
+        ] {
+            let labels = [("reason", reason)];
+            let metric = family.encode_family(&labels)?;
+            ConstCounter::new(count).encode(metric)?;
+        }
         gauge(
             &mut encoder,
             "meshkit_gateway_upstream_connections",

@@ -397,6 +397,53 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     drop(second);
 }
 
+/// A TCP connection to `addr` from 127.0.0.`host`.
+async fn connect_from(host: u8, addr: SocketAddr) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.bind(SocketAddr::from(([127, 0, 0, host], 0)))
+        .expect("bind");
+    sock.connect(addr).await.expect("connect")
+}
+
+/// The cap is shared fairly among sources: one that fills it with idle connections keeps
+/// another out only until it asks. The other source's request is answered, in the place of
+/// the filler's least recently active connection, which is closed.
+#[tokio::test]
+async fn one_source_filling_the_cap_gives_a_place_to_another() {
+    let mut h = start(|s| s.with_max_connections(4)).await;
+    let admin_addr = admin(&mut h).await;
+    let mut filler = Vec::new();
+    for _ in 0..4 {
+        filler.push(connect_from(7, h.http).await);
+    }
+    let sock = connect_from(8, h.http).await;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(sock))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let resp = tokio::time::timeout(WITHIN, send.send_request(get(&[])))
+        .await
+        .expect("answered in time")
+        .expect("another source is served");
+    assert_eq!(resp.status(), 200);
+    let mut closed = 0;
+    for sock in filler {
+        if closed_within(sock, b"", Duration::ZERO, Duration::from_millis(300)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 1, "one of the filler's connections gives its place");
+    let metrics = scrape(admin_addr).await;
+    assert_eq!(
+        metrics.value(
+            "meshkit_gateway_downstream_connections_refused_total",
+            &[("reason", "evicted")]
+        ),
+        Some(1.0)
+    );
+}
+
 #[tokio::test]
 async fn an_idle_http2_connection_is_closed() {
     let h = start(|s| s.with_idle_timeout(Duration::from_millis(500))).await;

@@ -452,7 +452,7 @@ pub(super) struct Inbound {
     pub(super) bundles: Arc<TrustBundleSet>,
     pub(super) selector: Arc<ByDestinationIp>,
     pub(super) state: Arc<InboundState>,
-    pub(super) serving: HashMap<IpAddr, (SpiffeId, AbortOnDrop)>,
+    pub(super) serving: HashMap<IpAddr, (SpiffeId, Served)>,
     /// Workloads whose certificate is being fetched, with the task fetching it.
     pub(super) pending: HashMap<IpAddr, (SpiffeId, AbortOnDrop)>,
     pub(super) fetched: mpsc::UnboundedSender<Fetched>,
@@ -487,8 +487,9 @@ impl Inbound {
         for ip in gone {
             self.selector.remove(&ip);
             lock(&self.servers).remove(&ip);
-            if let Some((id, _task)) = self.serving.remove(&ip) {
+            if let Some((id, served)) = self.serving.remove(&ip) {
                 tracing::info!(%ip, %id, "stopped serving inbound");
+                served.leave();
                 dropped.push(id);
             }
         }
@@ -529,8 +530,8 @@ impl Inbound {
     /// once [`Inbound::drain`] turns true, and ends when its tunnels have).
     pub(super) async fn drained(&mut self) {
         self.pending.clear();
-        for (_, task) in self.serving.values_mut() {
-            task.join().await;
+        for (_, served) in self.serving.values_mut() {
+            served.task.join().await;
         }
     }
 
@@ -604,7 +605,7 @@ impl Inbound {
         &self,
         ip: IpAddr,
         svid: watch::Receiver<Arc<X509Svid>>,
-    ) -> Result<AbortOnDrop, Box<dyn std::error::Error + Send + Sync>> {
+    ) -> Result<Served, Box<dyn std::error::Error + Send + Sync>> {
         let verifier = SpiffeVerifier::new(
             self.bundles.clone(),
             Authorize::TrustDomain(self.trust_domain.clone()),
@@ -625,9 +626,13 @@ impl Inbound {
             Server::<ByDestinationIp, _>::new(self.server.clone(), self.selector.clone(), service);
         lock(&self.servers).insert(ip, server.stats());
         let mut drain = self.drain.clone();
+        let (leave, left) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let shutdown = async move {
-                let _ = drain.wait_for(|draining| *draining).await;
+                tokio::select! {
+                    _ = drain.wait_for(|draining| *draining) => {}
+                    _ = left => {}
+                }
             };
             if let Err(e) = server
                 .serve_with_shutdown(listener, shutdown, SERVER_DRAIN_BOUND)
@@ -636,7 +641,35 @@ impl Inbound {
                 tracing::warn!(%ip, error = %e, "inbound listener failed");
             }
         });
-        Ok(AbortOnDrop::new(task))
+        Ok(Served {
+            task: AbortOnDrop::new(task),
+            leave,
+        })
+    }
+}
+
+/// How long the HBONE server of a workload that left the node may take to end its
+/// connections (GOAWAY, then the tunnels' own ends: the mesh change that removed the workload
+/// resets each with CONNECT_ERROR) before they are closed outright.
+const LEAVING_GRACE: Duration = Duration::from_secs(2);
+
+/// The HBONE server of one local workload address.
+pub(super) struct Served {
+    task: AbortOnDrop,
+    /// Stops the server: it closes its listener at once and ends its connections.
+    leave: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Served {
+    /// Stops serving a workload that left: the listener closes at once, and the open
+    /// connections get [`LEAVING_GRACE`] to end, so that their tunnels' resets reach the peers
+    /// before the connections close.
+    fn leave(self) {
+        let Self { mut task, leave } = self;
+        let _ = leave.send(());
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(LEAVING_GRACE, task.join()).await;
+        });
     }
 }
 

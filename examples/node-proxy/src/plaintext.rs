@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use meshkit_hbone::fair::{FairSlots, Refusal, Slot};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -27,9 +28,16 @@ use crate::telemetry::{
 /// The copy buffer of each direction of a connection.
 const BUFFER: usize = 16 * 1024;
 
-/// Connections one plaintext listener holds at most (each two sockets and two buffers); one
-/// beyond is reset at once, counted as `plaintext_limit`.
+/// Connections one plaintext listener holds at most (each two sockets and two buffers),
+/// shared fairly among sources ([`meshkit_hbone::fair`]): when all are held, a connection from
+/// a source holding fewer than the largest holder resets that holder's least recently active
+/// connection (`plaintext_evicted`) and takes its place; any other is reset at once
+/// (`plaintext_limit`).
 pub(crate) const MAX_CONNECTIONS: usize = 4096;
+
+/// Connections one source (an IPv4 address, or an IPv6 /64) holds at most on one plaintext
+/// listener; one more is reset at once (`plaintext_source_share`).
+pub(crate) const MAX_CONNECTIONS_PER_SOURCE: usize = 1024;
 
 /// Accepts redirected connections on `listener` until the node proxy drains (then waits for
 /// the open ones to end) or the task is dropped (which drops them).
@@ -38,24 +46,32 @@ pub(super) async fn serve(
     state: Arc<InboundState>,
     drain: watch::Receiver<bool>,
 ) {
-    crate::accept::until_drained(listener, drain, "inbound plaintext", |sock, source, open| {
+    let slots = FairSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE);
+    crate::accept::until_drained(listener, drain, "inbound plaintext", |sock, source, _| {
         // An IPv4 client of a dual-stack listener, as IPv4.
         let source = SocketAddr::new(source.ip().to_canonical(), source.port());
-        if open >= MAX_CONNECTIONS {
-            tracing::warn!(%source, limit = MAX_CONNECTIONS, "inbound plaintext connection refused: the listener is full");
-            state.telemetry.denied("plaintext_limit");
-            reset(&sock);
-            return None;
-        }
+        let slot = match slots.admit(source.ip()) {
+            Ok(slot) => slot,
+            Err(refusal) => {
+                let reason = match refusal {
+                    Refusal::SourceShare => "plaintext_source_share",
+                    Refusal::Full => "plaintext_limit",
+                };
+                tracing::warn!(%source, reason, "inbound plaintext connection refused");
+                state.telemetry.denied(reason);
+                reset(&sock);
+                return None;
+            }
+        };
         let _ = sock.set_nodelay(true);
         let span =
             tracing::info_span!("inbound_plaintext", src = %source, dst = tracing::field::Empty);
-        Some(connection(state.clone(), sock, source).instrument(span))
+        Some(connection(state.clone(), sock, source, slot).instrument(span))
     })
     .await;
 }
 
-async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketAddr) {
+async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketAddr, slot: Slot) {
     let telemetry = &state.telemetry;
     let mut record = ConnRecord::new(Direction::Inbound, source);
     record.plaintext = true;
@@ -114,6 +130,7 @@ async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketA
     let outcome = tokio::select! {
         spliced = splice(&mut pair.client, &mut pair.upstream, &mut copied) => Some(spliced),
         () = facts.revoked(&mut mesh) => None,
+        () = slot.evicted() => Some(Err(End::Evicted)),
     };
     match outcome {
         Some(Ok(())) => {
@@ -121,11 +138,16 @@ async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketA
             pair.clean = true;
             open.finish(copied, FLAG_NONE);
         }
+        Some(Err(End::Evicted)) => {
+            tracing::info!(%source, %target, "closing inbound plaintext connection: its place went to a client of another source");
+            telemetry.denied("plaintext_evicted");
+            open.finish(copied, FLAG_DENY);
+        }
         Some(Err(end)) => {
             tracing::debug!(%target, failed = ?end, "inbound plaintext reset");
             let flag = match end {
                 End::Client => FLAG_DOWNSTREAM_TERMINATION,
-                End::Workload => FLAG_UPSTREAM_TERMINATION,
+                End::Workload | End::Evicted => FLAG_UPSTREAM_TERMINATION,
             };
             open.finish(copied, flag);
         }
@@ -153,11 +175,12 @@ impl Drop for Pair {
     }
 }
 
-/// Which end of a splice failed first.
+/// Which end of a splice failed first, or that the connection lost its place.
 #[derive(Debug, Clone, Copy)]
 enum End {
     Client,
     Workload,
+    Evicted,
 }
 
 /// Copies both ways between `client` and `upstream` until both have ended, passing each

@@ -881,10 +881,28 @@ impl Collector for LiveCollector {
             "Outbound HBONE connections established (TLS and HTTP/2 handshakes done)",
             &opened,
         )?;
-        let inbound: usize = lock(&live.servers)
-            .values()
-            .map(|s| s.connections_open())
-            .sum();
+        let (inbound, shares) = {
+            let servers = lock(&live.servers);
+            let open: usize = servers.values().map(|s| s.connections_open()).sum();
+            let mut shares = [0u64; 3];
+            for fair in servers.values().filter_map(|s| s.connection_shares()) {
+                shares[0] += fair.refused_share();
+                shares[1] += fair.refused_full();
+                shares[2] += fair.evicted();
+            }
+            (open, shares)
+        };
+        let mut family = encoder.encode_descriptor(
+            "meshkit_node_proxy_inbound_hbone_connections_refused",
+            "Inbound HBONE connections closed for the fair share of places among sources: at accept (source_share: the source holds its share; full: every place is held fairly), or open ones closed to give their place to a source holding fewer (evicted)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, count) in ["source_share", "full", "evicted"].into_iter().zip(shares) {
+            let labels = [("reason", reason)];
+            let metric: MetricEncoder<'_> = family.encode_family(&labels)?;
+            ConstCounter::new(count).encode(metric)?;
+        }
         encode(
             &mut encoder,
             "meshkit_node_proxy_inbound_hbone_connections",
