@@ -379,3 +379,69 @@ fn follow_subscribes_from_listeners_to_endpoints_as_a_proxy_does() {
         }
     }
 }
+
+/// The client's options from the command line: a first server that cannot be reached and a
+/// fallback that serves (gRFC A71), and the node's cluster and metadata as the server sees
+/// them.
+#[test]
+fn the_client_options_reach_the_server_a_fallback_serves() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt.block_on(FakeServer::start()).unwrap();
+    server.set_snapshot(snapshot("v1", true));
+    // A port nothing listens on: bound, then closed.
+    let unreachable = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xds-watch"))
+        .args([
+            "--server",
+            &format!("http://{unreachable}"),
+            "--fallback-server",
+            &server.uri(),
+            "--type",
+            "cds",
+            "--node-cluster",
+            "edge",
+            "--node-metadata",
+            "NODE_NAME=node-a",
+            "--ignore-resource-deletion",
+            "--give-up-after",
+            "20",
+            "--max-events",
+            "4",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start xds-watch");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut child = KillOnDrop(child);
+    let names: BTreeSet<String> = BufReader::new(stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(&l.unwrap()).unwrap())
+        .filter(|v| v["event"] == "updated")
+        .map(|v| v["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, set(&["c1", "c2", "tcp", "unused"]));
+    assert!(child.0.wait().unwrap().success());
+    let requests = server.sotw_requests();
+    let node = requests
+        .iter()
+        .find_map(|r| r.node.clone())
+        .expect("a request names the node");
+    assert_eq!(node.id, "xds-watch");
+    assert_eq!(node.cluster, "edge");
+    let metadata = node.metadata.expect("metadata");
+    assert_eq!(
+        metadata.fields["NODE_NAME"].kind,
+        Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(
+            "node-a".to_owned()
+        ))
+    );
+}

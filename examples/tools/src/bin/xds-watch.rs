@@ -9,6 +9,8 @@
 //! xds-watch --server http://127.0.0.1:15010 --type cds            # every cluster, SotW
 //! xds-watch --server http://127.0.0.1:15010 --type eds --delta --name outbound|80||web.shop
 //! xds-watch --server http://127.0.0.1:15010 --follow --delta      # what a proxy would hold
+//! xds-watch --server https://istiod:15012 --xds-ca root.pem --xds-token-file token \
+//!     --fallback-server https://istiod-backup:15012 --node-metadata NODE_NAME=node-a --type cds
 //! ```
 //!
 //! Exits non-zero when no response arrives within `--give-up-after` seconds (default 30) of
@@ -68,9 +70,25 @@ struct Args {
     /// Speak Delta ADS instead of State of the World.
     #[arg(long)]
     delta: bool,
+    /// A fallback ADS server (gRFC A71), tried in the order given after --server when the
+    /// servers before it cannot be reached; the higher ones keep being retried, and the first
+    /// to answer serves again. Repeatable. TLS, token and node apply to every server.
+    #[arg(long = "fallback-server", value_name = "URL")]
+    fallback_servers: Vec<String>,
+    /// State of the World: keep a Listener or Cluster that a response leaves out instead of
+    /// reporting it removed (gRFC A53's ignore_resource_deletion); the client logs it once.
+    #[arg(long)]
+    ignore_resource_deletion: bool,
     /// The node ID sent to the server.
     #[arg(long, default_value = "xds-watch")]
     node_id: String,
+    /// The node's cluster sent to the server (Istio reads the proxy's cluster from it).
+    #[arg(long, value_name = "NAME")]
+    node_cluster: Option<String>,
+    /// A string entry of the node's metadata sent to the server, as KEY=VALUE (for example
+    /// NODE_NAME=node-a, which istiod and meshkit's control plane read); repeatable.
+    #[arg(long = "node-metadata", value_name = "KEY=VALUE", value_parser = key_value)]
+    node_metadata: Vec<(String, String)>,
     /// Give up (exit 1) after this many seconds without a response; 0 retries forever.
     #[arg(long, default_value_t = 30)]
     give_up_after: u64,
@@ -105,11 +123,41 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<(), CliError> {
-    let node = Node {
+/// `KEY=VALUE`, with a non-empty key.
+fn key_value(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("{arg:?} is not KEY=VALUE")),
+    }
+}
+
+/// The node sent to the server.
+fn node(args: &Args) -> Node {
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind as ValueKind};
+    let metadata = (!args.node_metadata.is_empty()).then(|| Struct {
+        fields: args
+            .node_metadata
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    Value {
+                        kind: Some(ValueKind::StringValue(v.clone())),
+                    },
+                )
+            })
+            .collect(),
+    });
+    Node {
         id: args.node_id.clone(),
+        cluster: args.node_cluster.clone().unwrap_or_default(),
+        metadata,
         ..Default::default()
-    };
+    }
+}
+
+async fn run(args: Args) -> Result<(), CliError> {
+    let node = node(&args);
     let mode = if args.delta {
         Mode::Delta
     } else {
@@ -122,6 +170,9 @@ async fn run(args: Args) -> Result<(), CliError> {
     if args.give_up_after > 0 {
         config = config.give_up_after(Duration::from_secs(args.give_up_after));
     }
+    config = config
+        .fallback_servers(args.fallback_servers.iter().cloned())
+        .ignore_resource_deletion(args.ignore_resource_deletion);
     let (client, driver) = XdsClient::new(config);
     let mut driver = tokio::spawn(driver.run());
     if args.follow {
