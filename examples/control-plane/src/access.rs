@@ -53,6 +53,22 @@ use crate::metrics::XdsMetrics;
 use crate::service_accounts::{Reviewer, looks_like_jwt};
 use futures::future::BoxFuture;
 
+/// Why a `KIND=NAME` word of the token file is not an xDS role ([`XdsRole::parse_word`]);
+/// each holds the word.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RoleWordError {
+    /// Nothing after `=`.
+    #[error("{0:?}: empty name")]
+    EmptyName(String),
+    /// `gateway=NAME:` or `gateway=:CLASS`.
+    #[error("{0:?}: expected gateway=NAME:CLASS")]
+    GatewayClass(String),
+    /// Neither `node=` nor `gateway=`.
+    #[error("{0:?}: unknown xDS role (expected node=NAME or gateway=NAME)")]
+    UnknownRole(String),
+}
+
 /// What a token may be over ADS.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -164,12 +180,12 @@ impl XdsRole {
     /// # Errors
     ///
     /// An unknown role or an empty name.
-    pub fn parse_word(word: &str) -> Result<Option<Self>, String> {
+    pub fn parse_word(word: &str) -> Result<Option<Self>, RoleWordError> {
         let Some((kind, name)) = word.split_once('=') else {
             return Ok(None);
         };
         if name.is_empty() {
-            return Err(format!("{word:?}: empty name"));
+            return Err(RoleWordError::EmptyName(word.to_owned()));
         }
         match kind {
             "node" => Ok(Some(Self::Node(name.to_owned()))),
@@ -180,12 +196,10 @@ impl XdsRole {
                         class: class.to_owned(),
                     }))
                 }
-                Some(_) => Err(format!("{word:?}: expected gateway=NAME:CLASS")),
+                Some(_) => Err(RoleWordError::GatewayClass(word.to_owned())),
                 None => Ok(Some(Self::Gateway(name.to_owned()))),
             },
-            _ => Err(format!(
-                "{word:?}: unknown xDS role (expected node=NAME or gateway=NAME)"
-            )),
+            _ => Err(RoleWordError::UnknownRole(word.to_owned())),
         }
     }
 

@@ -183,8 +183,61 @@ impl NodeIdentities {
 }
 
 /// A problem with the token file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaConfigError(String);
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaConfigError {
+    /// The file could not be read.
+    #[error("cannot read token file {}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line of the file is wrong.
+    #[error("{}line {line}", file.as_ref().map(|p| format!("{}: ", p.display())).unwrap_or_default())]
+    Line {
+        /// The file, when the text came from one.
+        file: Option<std::path::PathBuf>,
+        /// The line, from 1.
+        line: usize,
+        /// What is wrong with it.
+        #[source]
+        problem: LineProblem,
+    },
+    /// A pattern given to [`TokenGrants::grant`] is neither a SPIFFE ID nor a prefix of one.
+    #[error(transparent)]
+    Pattern(#[from] PatternError),
+}
+
+/// What is wrong with a line of the token file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LineProblem {
+    /// The token is followed by no identity and no xDS role.
+    #[error("token without identities")]
+    NoIdentities,
+    /// A `node=` or `gateway=` word does not parse.
+    #[error(transparent)]
+    Role(#[from] crate::access::RoleWordError),
+    /// An identity pattern does not parse.
+    #[error(transparent)]
+    Pattern(#[from] PatternError),
+}
+
+/// An identity pattern that is neither a SPIFFE ID nor a prefix of one ending in `/*`.
+#[derive(Debug, thiserror::Error)]
+#[error("{pattern:?} is not a SPIFFE ID{}", if *prefix { " prefix" } else { "" })]
+pub struct PatternError {
+    /// The pattern as written.
+    pub pattern: String,
+    /// Whether it was written as a prefix (`.../*`).
+    pub prefix: bool,
+    /// Why its ID does not parse.
+    #[source]
+    pub source: meshkit_identity::SpiffeIdError,
+}
 
 // === impl TokenGrants ===
 
@@ -232,24 +285,29 @@ impl TokenGrants {
             let mut words = line.split_whitespace();
             let Some(token) = words.next() else { continue };
             let mut any = false;
+            let at_line = |problem: LineProblem| CaConfigError::Line {
+                file: None,
+                line: i + 1,
+                problem,
+            };
             for pattern in words {
-                if let Some(role) = crate::access::XdsRole::parse_word(pattern)
-                    .map_err(|e| CaConfigError(format!("line {}: {e}", i + 1)))?
+                if let Some(role) =
+                    crate::access::XdsRole::parse_word(pattern).map_err(|e| at_line(e.into()))?
                 {
                     grants = grants.with_xds_role(token, role);
                     any = true;
                     continue;
                 }
-                grants = grants
-                    .grant(token, pattern)
-                    .map_err(|e| CaConfigError(format!("line {}: {}", i + 1, e.0)))?;
+                let pattern = parse_pattern(pattern).map_err(|e| at_line(e.into()))?;
+                grants
+                    .grants
+                    .entry(token.to_owned())
+                    .or_default()
+                    .push(pattern);
                 any = true;
             }
             if !any {
-                return Err(CaConfigError(format!(
-                    "line {}: token without identities",
-                    i + 1
-                )));
+                return Err(at_line(LineProblem::NoIdentities));
             }
         }
         Ok(grants)
@@ -261,10 +319,18 @@ impl TokenGrants {
     ///
     /// When the file cannot be read or parsed; the message names it.
     pub fn load(path: &Path) -> Result<Self, CaConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            CaConfigError(format!("cannot read token file {}: {e}", path.display()))
+        let text = std::fs::read_to_string(path).map_err(|source| CaConfigError::Read {
+            path: path.to_owned(),
+            source,
         })?;
-        Self::parse(&text).map_err(|e| CaConfigError(format!("{}: {}", path.display(), e.0)))
+        Self::parse(&text).map_err(|e| match e {
+            CaConfigError::Line { line, problem, .. } => CaConfigError::Line {
+                file: Some(path.to_owned()),
+                line,
+                problem,
+            },
+            other => other,
+        })
     }
 
     /// Whether `token` may hold `id`.
@@ -368,18 +434,21 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn parse_pattern(pattern: &str) -> Result<IdPattern, CaConfigError> {
+fn parse_pattern(pattern: &str) -> Result<IdPattern, PatternError> {
+    let error = |prefix, source| PatternError {
+        pattern: pattern.to_owned(),
+        prefix,
+        source,
+    };
     if let Some(prefix) = pattern.strip_suffix("/*") {
         // The prefix itself must be a valid ID, so patterns cannot cross trust domains oddly.
-        prefix
-            .parse::<SpiffeId>()
-            .map_err(|e| CaConfigError(format!("{pattern:?} is not a SPIFFE ID prefix: {e}")))?;
+        prefix.parse::<SpiffeId>().map_err(|e| error(true, e))?;
         return Ok(IdPattern::Prefix(format!("{prefix}/")));
     }
     pattern
         .parse::<SpiffeId>()
         .map(IdPattern::Exact)
-        .map_err(|e| CaConfigError(format!("{pattern:?} is not a SPIFFE ID: {e}")))
+        .map_err(|e| error(false, e))
 }
 
 impl std::fmt::Display for IdPattern {
@@ -726,16 +795,6 @@ impl CertificateSigner for TokenSigner {
         })
     }
 }
-
-// === impl CaConfigError ===
-
-impl std::fmt::Display for CaConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for CaConfigError {}
 
 // === limits ===
 
@@ -1212,6 +1271,34 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_file_error_names_the_file_the_line_and_the_problem() {
+        let chain = |text: &str| {
+            let e = TokenGrants::parse(text).unwrap_err();
+            ErrorChain(&e).to_string()
+        };
+        let e = chain("ok spiffe://cluster.local/ns/a/sa/b\nbad spiffe://UPPER/ns/a\n");
+        assert!(
+            e.starts_with("line 2: \"spiffe://UPPER/ns/a\" is not a SPIFFE ID"),
+            "{e}"
+        );
+        assert_eq!(chain("lonely\n"), "line 1: token without identities");
+        let e = chain("t gateway=gw:\n");
+        assert_eq!(e, "line 1: \"gateway=gw:\": expected gateway=NAME:CLASS");
+        assert!(matches!(
+            TokenGrants::parse("t spiffe://a/*x/*").unwrap_err(),
+            CaConfigError::Line {
+                line: 1,
+                problem: LineProblem::Pattern(PatternError { prefix: true, .. }),
+                ..
+            }
+        ));
+        let missing = std::path::Path::new("/nonexistent/tokens");
+        let e = TokenGrants::load(missing).unwrap_err();
+        assert!(matches!(e, CaConfigError::Read { .. }), "{e:?}");
+        assert!(e.to_string().contains("/nonexistent/tokens"));
+    }
     use meshkit_identity::TrustDomain;
     use meshkit_identity::istio::IMPERSONATED_IDENTITY;
 
