@@ -237,29 +237,62 @@ impl<C: Connect> fmt::Debug for TunnelConnector<C> {
 /// Where the client gets the certificate of the identity a target asks it to present.
 pub trait IdentityProvider: Send + Sync + 'static {
     /// The SVID source for `id`.
-    fn svid(&self, id: &SpiffeId) -> BoxFuture<'static, Result<SvidSource, String>>;
+    ///
+    /// # Errors
+    ///
+    /// Why the certificate of `id` cannot be had.
+    fn svid(&self, id: &SpiffeId) -> BoxFuture<'static, Result<SvidSource, LocalIdentityError>>;
+}
+
+/// Why an [`IdentityProvider`] has no certificate for an identity.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocalIdentityError {
+    /// The provider holds one identity, and it is another.
+    #[error("this client only holds {held}, not {asked}")]
+    NotHeld {
+        /// The identity held.
+        held: SpiffeId,
+        /// The identity asked for.
+        asked: SpiffeId,
+    },
+    /// The certificate could not be obtained (for example, the CA refused or cannot be
+    /// reached).
+    #[error("the certificate of {id} could not be obtained")]
+    Unavailable {
+        /// The identity.
+        id: SpiffeId,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl IdentityProvider for SvidCache {
-    fn svid(&self, id: &SpiffeId) -> BoxFuture<'static, Result<SvidSource, String>> {
+    fn svid(&self, id: &SpiffeId) -> BoxFuture<'static, Result<SvidSource, LocalIdentityError>> {
         let cache = self.clone();
         let id = id.clone();
         Box::pin(async move {
-            cache
-                .get(&id)
-                .await
-                .map(SvidSource::Rotating)
-                .map_err(|e| e.to_string())
+            match cache.get(&id).await {
+                Ok(svid) => Ok(SvidSource::Rotating(svid)),
+                Err(e) => Err(LocalIdentityError::Unavailable {
+                    id,
+                    source: Box::new(e),
+                }),
+            }
         })
     }
 }
 
 impl IdentityProvider for X509Svid {
-    fn svid(&self, id: &SpiffeId) -> BoxFuture<'static, Result<SvidSource, String>> {
+    fn svid(&self, id: &SpiffeId) -> BoxFuture<'static, Result<SvidSource, LocalIdentityError>> {
         let result = if self.spiffe_id() == id {
             Ok(SvidSource::Fixed(self.clone()))
         } else {
-            Err(format!("this client only holds {}", self.spiffe_id()))
+            Err(LocalIdentityError::NotHeld {
+                held: self.spiffe_id().clone(),
+                asked: id.clone(),
+            })
         };
         Box::pin(std::future::ready(result))
     }

@@ -24,7 +24,7 @@ pub(crate) enum Kind {
     /// The peer's certificate was refused (wrong identity, untrusted, invalid SVID).
     PeerIdentity(VerifyError),
     /// The local identity's certificate could not be obtained.
-    LocalIdentity(String),
+    LocalIdentity(crate::client::LocalIdentityError),
     /// HTTP/2 failed (protocol error, GOAWAY, reset).
     H2(h2::Error),
     /// The server answered the CONNECT with a status other than 200.
@@ -160,7 +160,7 @@ impl fmt::Display for Error {
             Kind::Timeout(what) => write!(f, "timed out: {what}"),
             Kind::Tls(_) => f.write_str("TLS with the HBONE peer failed"),
             Kind::PeerIdentity(_) => f.write_str("HBONE peer identity refused"),
-            Kind::LocalIdentity(e) => write!(f, "local identity unavailable: {e}"),
+            Kind::LocalIdentity(_) => f.write_str("local identity unavailable"),
             Kind::H2(_) => f.write_str("HTTP/2 connection or stream failed"),
             Kind::Status(s) => write!(f, "HBONE peer answered CONNECT with {s}"),
             Kind::InvalidTarget(e) => write!(f, "invalid HBONE target: {e}"),
@@ -175,6 +175,7 @@ impl std::error::Error for Error {
             Kind::Connect(e) | Kind::Tls(e) => Some(e),
             Kind::PeerIdentity(e) => Some(e),
             Kind::H2(e) => Some(e),
+            Kind::LocalIdentity(e) => Some(e),
             _ => None,
         }
     }

@@ -99,7 +99,8 @@ mod tls;
 mod tunnel;
 
 pub use client::{
-    Client, ClientConfig, Connect, IdentityProvider, Target, TcpConnector, TunnelConnector,
+    Client, ClientConfig, Connect, IdentityProvider, LocalIdentityError, Target, TcpConnector,
+    TunnelConnector,
 };
 pub use config::{H2Settings, TLS_READ_BUFFER, TLS_WRITE_BUFFER};
 pub use copy::{Copied, CopyError, Side, copy_bidirectional, socket_to_tunnel, tunnel_to_socket};

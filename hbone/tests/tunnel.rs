@@ -42,6 +42,33 @@ async fn echo_through_the_forwarder() {
     assert_eq!(round_trip(tunnel, b"hello hbone").await, b"hello hbone");
 }
 
+/// A target that asks the client to present an identity it does not hold fails before any
+/// connection, with a typed cause naming both identities.
+#[tokio::test]
+async fn an_identity_the_client_does_not_hold_is_a_local_identity_error() {
+    let pki = Pki::new();
+    let backend = echo_backend().await;
+    let server = start(&pki, ServerConfig::default(), Forward::new()).await;
+    let client = pki.client(CLIENT, ClientConfig::default());
+    let other = Target::new(
+        server.addr,
+        backend,
+        id("spiffe://cluster.local/ns/shop/sa/someone-else"),
+        id(SERVER),
+    );
+    let err = client.open(other).await.unwrap_err();
+    assert!(err.is_local_identity(), "{err:?}");
+    let cause = std::error::Error::source(&err)
+        .and_then(|e| e.downcast_ref::<meshkit_hbone::LocalIdentityError>())
+        .expect("a typed cause");
+    assert!(
+        matches!(cause, meshkit_hbone::LocalIdentityError::NotHeld { held, asked }
+            if *held == id(CLIENT) && *asked == id("spiffe://cluster.local/ns/shop/sa/someone-else")),
+        "{cause:?}"
+    );
+    assert_eq!(server.stats.connections_accepted(), 0);
+}
+
 #[tokio::test]
 async fn server_service_sees_verified_peer_addresses_and_headers() {
     let pki = Pki::new();
