@@ -137,6 +137,39 @@ impl FairSlots {
         }
     }
 
+    /// Whether [`admit`](Self::admit) would give `ip` a place now, without taking one or
+    /// evicting anyone (and without counting a refusal). A caller that must take places in
+    /// two tallies checks the second first, so that a connection never evicts another and is
+    /// then refused by the second. Places only come back between the two calls (other tasks
+    /// drop theirs), so a place this admits is still there for `admit` from the same task.
+    ///
+    /// # Errors
+    ///
+    /// As [`admit`](Self::admit).
+    pub fn check(&self, ip: IpAddr) -> Result<(), Refusal> {
+        let table = self.inner.table.lock().unwrap_or_else(|e| e.into_inner());
+        self.victim(&table, source_key(ip)).map(drop)
+    }
+
+    /// The source whose place a connection from `source` would take: `None` below the cap.
+    fn victim(&self, table: &Table, source: IpAddr) -> Result<Option<IpAddr>, Refusal> {
+        let inner = &*self.inner;
+        let mine = table.by_source.get(&source).map_or(0, Vec::len);
+        if mine >= inner.per_source {
+            return Err(Refusal::SourceShare);
+        }
+        if table.held < inner.max {
+            return Ok(None);
+        }
+        table
+            .by_source
+            .iter()
+            .max_by_key(|(_, held)| held.len())
+            .filter(|(_, held)| held.len() > mine + 1)
+            .map(|(source, _)| Some(*source))
+            .ok_or(Refusal::Full)
+    }
+
     /// A place for a connection from `ip`, or why not (see the [module](self)).
     ///
     /// # Errors
@@ -147,22 +180,18 @@ impl FairSlots {
         let source = source_key(ip);
         let inner = &*self.inner;
         let mut table = inner.table.lock().unwrap_or_else(|e| e.into_inner());
-        let mine = table.by_source.get(&source).map_or(0, Vec::len);
-        if mine >= inner.per_source {
-            inner.stats.refused_share.fetch_add(1, Ordering::Relaxed);
-            return Err(Refusal::SourceShare);
-        }
-        if table.held >= inner.max {
-            let largest = table
-                .by_source
-                .iter()
-                .max_by_key(|(_, held)| held.len())
-                .filter(|(_, held)| held.len() > mine + 1)
-                .map(|(source, _)| *source);
-            let Some(largest) = largest else {
-                inner.stats.refused_full.fetch_add(1, Ordering::Relaxed);
-                return Err(Refusal::Full);
-            };
+        let victim = match self.victim(&table, source) {
+            Ok(victim) => victim,
+            Err(refusal) => {
+                let counter = match refusal {
+                    Refusal::SourceShare => &inner.stats.refused_share,
+                    Refusal::Full => &inner.stats.refused_full,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                return Err(refusal);
+            }
+        };
+        if let Some(largest) = victim {
             let held = table
                 .by_source
                 .get_mut(&largest)

@@ -355,13 +355,8 @@ where
                     }
                 },
             };
-            let slot = match slots.admit(source.ip()) {
-                Ok(slot) => slot,
-                Err(refusal) => {
-                    tracing::debug!(%source, ?refusal, "no connection place for this source; closing");
-                    continue;
-                }
-            };
+            // The handshake count first: it evicts nobody, so a connection it refuses never
+            // took another's place.
             let Some(admitted) =
                 handshaking.admit(source.ip(), this.config.max_handshakes_per_source)
             else {
@@ -370,6 +365,13 @@ where
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(%source, "too many handshakes from this source; closing");
                 continue;
+            };
+            let slot = match slots.admit(source.ip()) {
+                Ok(slot) => slot,
+                Err(refusal) => {
+                    tracing::debug!(%source, ?refusal, "no connection place for this source; closing");
+                    continue;
+                }
             };
             let _ = sock.set_nodelay(true);
             // One socket's failure is that connection's, never the listener's.

@@ -623,7 +623,9 @@ impl ControlPlane {
             .with_config(
                 ServerConfig::default()
                     .max_decoding_message_size(16 * 1024 * 1024)
-                    .max_connections(ADS_MAX_CONNECTIONS),
+                    // The fair shares of `tls::incoming` are the cap; this one is a backstop
+                    // with room for evicted connections that tonic has not dropped yet.
+                    .max_connections(2 * ADS_MAX_CONNECTIONS),
             )
             .with_access(access)
             .with_observer(metrics.xds().clone())
@@ -647,7 +649,11 @@ impl ControlPlane {
         let ca_up = Arc::clone(&ca_bound);
         let ca_shares = metrics.listeners().ca.clone();
         tasks.push(tokio::spawn(async move {
-            let incoming = ca_limits.connections(tls::incoming(
+            // The fair shares of `tls::incoming` are the cap; `connections` keeps a backstop
+            // with room for evicted connections that tonic has not dropped yet.
+            let mut backstop = ca_limits.clone();
+            backstop.max_connections = 2 * ca_limits.max_connections;
+            let incoming = backstop.connections(tls::incoming(
                 ca_listener,
                 acceptor,
                 ca_limits.max_connections,

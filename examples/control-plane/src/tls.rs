@@ -331,6 +331,19 @@ pub(crate) fn incoming(
                     continue;
                 }
             };
+            // A TLS connection needs two places; the connection's is checked before the
+            // handshake's is taken (which may close another source's handshake), so that a
+            // connection never evicts another and is then refused.
+            let early = match &handshakes {
+                Some(handshakes) if slots.check(source).is_ok() => match handshakes.admit(source) {
+                    Ok(handshake) => Some(handshake),
+                    Err(refusal) => {
+                        tracing::warn!(%source, ?refusal, "no TLS handshake place for this source; closed");
+                        continue;
+                    }
+                },
+                _ => None,
+            };
             let slot = match slots.admit(source) {
                 Ok(slot) => slot,
                 Err(refusal) => {
@@ -346,12 +359,16 @@ pub(crate) fn incoming(
                 }
                 continue;
             };
-            let handshake = match handshakes.admit(source) {
-                Ok(handshake) => handshake,
-                Err(refusal) => {
-                    tracing::warn!(%source, ?refusal, "no TLS handshake place for this source; closed");
-                    continue;
-                }
+            let handshake = match early {
+                Some(handshake) => handshake,
+                // A place came back between the check and the admission.
+                None => match handshakes.admit(source) {
+                    Ok(handshake) => handshake,
+                    Err(refusal) => {
+                        tracing::warn!(%source, ?refusal, "no TLS handshake place for this source; closed");
+                        continue;
+                    }
+                },
             };
             let (acceptor, timeout, tx) = (acceptor.clone(), *timeout, tx.clone());
             tokio::spawn(async move {

@@ -64,8 +64,14 @@ pub(crate) async fn follow(
         if now == seen {
             continue;
         }
+        let loaded = TokenGrants::load(&path);
+        // A file that changed while it was read (a writer between its truncate and its
+        // write) is read again at the next tick, never applied half written.
+        if stamp(&path) != now {
+            continue;
+        }
         seen = now;
-        match TokenGrants::load(&path) {
+        match loaded {
             Ok(new) => {
                 warn_if_readable_by_others(&path);
                 let changed = **grants.borrow() != new;

@@ -646,25 +646,40 @@ impl Gateway {
                     continue;
                 }
             };
-            // At the cap, closed at once: a client learns now, not after a timeout.
-            let slot = match self.shared.connections.admit(client.ip()) {
+            // At the cap, closed at once: a client learns now, not after a timeout. A TLS
+            // connection needs two places; the connection's is checked before the handshake's
+            // is taken (which may close another source's handshake), so that a connection never
+            // evicts another and is then refused.
+            let ip = client.ip();
+            let handshake = match &tls {
+                Some(_) if self.shared.connections.check(ip).is_ok() => {
+                    match self.shared.handshakes.admit(ip) {
+                        Ok(handshake) => Some(handshake),
+                        Err(refusal) => {
+                            tracing::debug!(%client, ?refusal, "no TLS handshake place for this client; closed");
+                            continue;
+                        }
+                    }
+                }
+                _ => None,
+            };
+            let slot = match self.shared.connections.admit(ip) {
                 Ok(slot) => slot,
                 Err(refusal) => {
                     tracing::debug!(%client, ?refusal, "no connection place for this client; closed");
-                    drop(sock);
                     continue;
                 }
             };
-            let handshake = match &tls {
-                None => None,
-                Some(_) => match self.shared.handshakes.admit(client.ip()) {
+            let handshake = match (&tls, handshake) {
+                // A place came back between the check and the admission.
+                (Some(_), None) => match self.shared.handshakes.admit(ip) {
                     Ok(handshake) => Some(handshake),
                     Err(refusal) => {
                         tracing::debug!(%client, ?refusal, "no TLS handshake place for this client; closed");
-                        drop(sock);
                         continue;
                     }
                 },
+                (_, handshake) => handshake,
             };
             let _ = sock.set_nodelay(true);
             let sock = slot.hold(sock);

@@ -128,7 +128,7 @@ async fn connection(state: Arc<InboundState>, client: TcpStream, source: SocketA
     };
     let mut copied = Bytes::default();
     let outcome = tokio::select! {
-        spliced = splice(&mut pair.client, &mut pair.upstream, &mut copied) => Some(spliced),
+        spliced = splice(&mut pair.client, &mut pair.upstream, &mut copied, &slot) => Some(spliced),
         () = facts.revoked(&mut mesh) => None,
         () = slot.evicted() => Some(Err(End::Evicted)),
     };
@@ -190,6 +190,7 @@ async fn splice(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     copied: &mut Bytes,
+    slot: &Slot,
 ) -> Result<(), End> {
     let (mut client_read, mut client_write) = client.split();
     let (mut upstream_read, mut upstream_write) = upstream.split();
@@ -199,25 +200,29 @@ async fn splice(
             &mut client_read,
             &mut upstream_write,
             received,
-            (End::Client, End::Workload)
+            (End::Client, End::Workload),
+            slot
         ),
         pump(
             &mut upstream_read,
             &mut client_write,
             sent,
-            (End::Workload, End::Client)
+            (End::Workload, End::Client),
+            slot
         ),
     )?;
     Ok(())
 }
 
 /// Copies `from` into `to` until `from` ends, then shuts `to`'s write side; an error is
-/// blamed on the end it came from (`ends`: the reader's, the writer's).
+/// blamed on the end it came from (`ends`: the reader's, the writer's). Each copy marks the
+/// connection's place as active, so that a fair eviction picks an idle connection first.
 async fn pump(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
     count: &mut u64,
     (reader, writer): (End, End),
+    slot: &Slot,
 ) -> Result<(), End> {
     let mut buf = vec![0; BUFFER];
     loop {
@@ -227,6 +232,7 @@ async fn pump(
         }
         to.write_all(&buf[..n]).await.map_err(|_| writer)?;
         *count += n as u64;
+        slot.touch();
     }
 }
 

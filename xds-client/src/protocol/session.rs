@@ -1061,6 +1061,18 @@ impl Session {
             });
         }
         for (name, why) in &refused {
+            // Recorded as a rejection, as an invalid resource is, so that its end (a later
+            // version, or its removal) is reported too.
+            if let Some(name) = name
+                && (ts.wildcard || ts.names.contains(name))
+            {
+                if let Some(e) = ts.entries.get_mut(name) {
+                    cancel_dne(timers, type_url, name, e);
+                    e.rejected = true;
+                } else if ts.entries.len() < max_entries {
+                    ts.entries.entry(name.clone()).or_default().rejected = true;
+                }
+            }
             self.events.push_back(Event::Rejected {
                 type_url,
                 name: name.clone(),
